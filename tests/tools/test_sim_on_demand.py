@@ -37,6 +37,16 @@ def test_a_job_reading_part_of_an_epoch_reads_only_that_part_from_the_store() ->
     assert entry.part == pytest.approx(0.3)
 
 
+def test_a_jobs_nodes_copying_together_read_only_its_part_from_the_store() -> None:
+    # two workers on two nodes copy the version together, each owning half of its bundles:
+    # between them they read from the store what the job reads, once
+    job = Job(0, 0.0, 2, 8, "d", 2000.0, JobProfile(1.0, 1.0, 16_000, deadline=1e9))
+    sim = _run("ours+stripe+early", 0.3, [job], nodes=2)
+    assert len({w.node.index for w in sim.outcomes[0].workers}) == 2
+    assert sim.storage_bytes == pytest.approx(0.3 * SIZE, rel=1e-3)
+    assert sim.storage_by_cause["refetch"] == pytest.approx(0.0, abs=1.0)
+
+
 def test_the_next_job_reads_what_the_copy_lacks() -> None:
     # two jobs one after the other on the one node, each reading 0.3 of an epoch: the second
     # finds 0.3 of the version and reads 0.3 x 0.7 more from the store

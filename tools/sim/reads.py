@@ -245,7 +245,9 @@ class Reads(StripeReads):
         team = self.copy_team.pop((node.index, key), ())
         parted = False  # other nodes' partial copies asked already (once a fetch)
         if not top_up and demand < 1.0 and entry is not None and not self.copies_elsewhere(node, key):
-            if not any(k == key and i != node.index for (i, k) in self.inflight):
+            # another node's copy filling: this one fills from it; the job's other nodes
+            # filling their parts of this copy are no such copy
+            if not any(k == key and i != node.index and i not in team for (i, k) in self.inflight):
                 size = math.ceil(size * demand)  # from the store or the job's other nodes: as read
                 entry.part = demand
                 size, parted = self._from_parts(node, key, size, waiter), True
