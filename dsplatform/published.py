@@ -18,6 +18,13 @@ INVENTORY = "dsagent.io/inventory"
 TOPOLOGY = "dsagent.io/topology"
 #: The node's free GPU indices (``"0,1,4,5"``).
 FREE_GPUS = "dsagent.io/free-gpus"
+#: The namespaces of the node's running pods that name their follow-up job
+#: (``dsagent.io/next-job``), sorted, comma-separated, at most :data:`FOLLOW_UPS_MAX`; absent:
+#: none. The Dataset controller's default next-job preparation lists the pods of these
+#: namespaces only (docs/design.md#next-job-preparation).
+FOLLOW_UPS = "dsagent.io/follow-ups"
+#: the most namespaces :data:`FOLLOW_UPS` names (a reader takes no more)
+FOLLOW_UPS_MAX = 8
 #: When the agent last published (RFC 3339, seconds): written with every change and at least
 #: every heartbeat, so a reader can refuse an inventory older than its bound (docs/operator-guide/tenancy.md).
 PUBLISHED_AT = "dsagent.io/published-at"
@@ -46,4 +53,13 @@ def stale(
     return stamp is None or abs(now - stamp) > max_age
 
 
-__all__ = ["DEVICE_PLUGIN_LABEL", "FREE_GPUS", "INVENTORY", "PUBLISHED_AT", "TOPOLOGY", "stale"]
+__all__ = [
+    "DEVICE_PLUGIN_LABEL",
+    "FOLLOW_UPS",
+    "FOLLOW_UPS_MAX",
+    "FREE_GPUS",
+    "INVENTORY",
+    "PUBLISHED_AT",
+    "TOPOLOGY",
+    "stale",
+]

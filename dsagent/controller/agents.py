@@ -76,6 +76,14 @@ def every_pod(core: Any, timeout: float | None = None) -> list[JSON]:
     return items
 
 
+def pods_of(core: Any, namespace: str, timeout: float | None = None) -> list[JSON]:
+    """The pods of one namespace, from the API server's watch cache (:data:`FROM_CACHE`)."""
+    items: list[JSON] = raw(
+        lambda **kw: core.list_namespaced_pod(namespace, resource_version=FROM_CACHE, **kw), timeout=timeout
+    )["items"]
+    return items
+
+
 def agents_among(pods: Iterable[JSON], namespace: str, selector: str, port: int) -> dict[str, str] | None:
     """What :func:`find_agents` answers, from every pod of the cluster already listed: the pods of
     ``namespace`` that ``selector`` selects (:func:`dsagent.kube.selectors.label_matcher`);

@@ -17,7 +17,7 @@ from dsagent.envsettings import AgentLogSettings
 from dsagent.errors import SettingsError
 from dsagent.policy.preparation import Thresholds
 from dsplatform.gpus import GPU_RESOURCE, RESOURCE_PREFIX
-from dsplatform.settings import EnvSettings, Flag, UnitShare, not_from_env, read_secret_file
+from dsplatform.settings import EnvSettings, Flag, Switch, UnitShare, not_from_env, read_secret_file
 from dsplatform.units import Duration, Size
 from dsplatform.wire import copycounts
 from scheduling.timemodel import DEFAULT_FORMULA, check_formula
@@ -65,9 +65,11 @@ class ControllerSettings(EnvSettings):
     metrics_port: int | None = None  # serve /metrics (and /healthz) here; 0 or unset: not served
     # where agents read copy counts; None ("off"): not published
     copies_configmap: Annotated[str | None, BeforeValidator(_copies_configmap)] = copycounts.CONFIGMAP
-    # next-job preparation (docs/design.md#next-job-preparation): on with DSAGENT_CONTROLLER_PREPARE,
-    # with these presets; ``prepare`` is what the controller uses (None: off), built from them
-    prepare_enabled: Flag = Field(False, validation_alias=_controller_env("PREPARE", "prepare_enabled"))
+    # next-job preparation (docs/design.md#next-job-preparation): auto (the default), only the
+    # pods a running pod names as its follow-up (dsagent.io/next-job); on, every waiting pod
+    # (Kueue's or Volcano's order, else the replay's prediction); off, none. With these
+    # presets; ``prepare`` is what the controller uses (None: off), built from them
+    prepare_enabled: Switch = Field("auto", validation_alias=_controller_env("PREPARE", "prepare_enabled"))
     prepare_window: Duration = _PRESETS.window_s
     prepare_fetch_lead: Duration = _PRESETS.fetch_lead_s
     prepare_reserve_fraction: float = _PRESETS.reserve_fraction
@@ -130,11 +132,16 @@ class ControllerSettings(EnvSettings):
             raise ValueError(f"{value!r} is not a fraction within [0, 1]")
         return value
 
+    @property
+    def prepare_named_only(self) -> bool:
+        """Preparation of the named follow-ups only (``auto``): no queue read, no prediction."""
+        return self.prepare_enabled == "auto"
+
     @model_validator(mode="after")
     def _whole_settings(self) -> ControllerSettings:
         if self.admin_token is None and self.admin_token_file is not None:
             object.__setattr__(self, "admin_token", read_secret_file(self.admin_token_file, "DSAGENT_ADMIN_TOKEN_FILE"))
-        if self.prepare is None and self.prepare_enabled:
+        if self.prepare is None and self.prepare_enabled != "off":
             thresholds = Thresholds(
                 window_s=self.prepare_window,
                 fetch_lead_s=self.prepare_fetch_lead,

@@ -19,13 +19,13 @@ releases what the old one asked; each preparation is also an Event on its pod.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dsagent.controller.agents import JSON, AgentCall, task_request
 from dsagent.controller.controllermetrics import ControllerMetrics
 from dsagent.controller.podfacts import node_states, running_pods, waiting_pods
-from dsagent.controller.queues import Queues, followers, queue_places
+from dsagent.controller.queues import Queues, follow_up_namespaces, followers, queue_places
 from dsagent.controller.quotas import Ledger
 from dsagent.policy.preparation import Preparation, Thresholds, plan
 from dsplatform.kubetime import format_micro_time
@@ -48,6 +48,39 @@ def preparation_path(pod_uid: str) -> str:
     return f"/v1/preparations/{pod_uid}"
 
 
+def pods_to_prepare(
+    nodes: Sequence[JSON],
+    datasets: Sequence[JSON],
+    *,
+    named_only: bool,
+    listed: Sequence[JSON] | None,
+    every_pod: Callable[[], list[JSON]],
+    namespace_pods: Callable[[str], list[JSON]],
+) -> list[JSON] | None:
+    """The pods a pass's preparation reads; None: nothing to prepare or release. Every pod
+    (``every_pod``), unless it prepares only named follow-ups (``named_only``, the default
+    ``auto``): then the pods of the namespaces whose running pods name one
+    (:func:`~dsagent.controller.queues.follow_up_namespaces`, from the Nodes), taken from
+    the pods the pass has ``listed`` anyway, else listed per namespace; none while no pod
+    names one and no Dataset lists a preparation to release."""
+    if not named_only:
+        return every_pod()
+    namespaces = follow_up_namespaces(nodes)
+    if not namespaces:
+        return [] if any(_prepared(d) for d in datasets) else None
+    if listed is not None:
+        wanted = set(namespaces)
+        return [p for p in listed if (p.get("metadata") or {}).get("namespace") in wanted]
+    return [pod for ns in namespaces for pod in namespace_pods(ns)]
+
+
+def _prepared(dataset: JSON) -> bool:
+    """Whether a Dataset's status lists pods prepared for (to release once none is named)."""
+    status = dataset.get("status")
+    preparation = status.get("preparation") if isinstance(status, dict) else None
+    return isinstance(preparation, dict) and bool(preparation.get("pods"))
+
+
 def prepare_pass(
     nodes: list[JSON],
     inventories: Mapping[str, Mapping[str, Any]],
@@ -61,10 +94,13 @@ def prepare_pass(
     ledger: Ledger | None = None,
     queues: Queues | None = None,
     pod_event: PodEvent | None = None,
+    named_only: bool = False,
 ) -> dict[tuple[str, str], JSON]:
     """Find the next jobs, plan, ask the agents, release what the plan dropped; the status
     per Dataset. A phase-2 ask is charged to its namespace in ``ledger``; past the
-    namespace's bounds (docs/operator-guide/tenancy.md) it stays in phase 1 (state ``refused``)."""
+    namespace's bounds (docs/operator-guide/tenancy.md) it stays in phase 1 (state ``refused``).
+    ``named_only`` (the default install's ``auto``): only the pods a running pod names as
+    its follow-up are prepared, on that pod's node; no other pod is predicted."""
     by_key = {
         ((d.get("metadata") or {}).get("namespace", "default"), (d.get("metadata") or {}).get("name", "")): d
         for d in datasets
@@ -79,6 +115,9 @@ def prepare_pass(
     fetched = {(e["uid"], e["node"]) for e, _ in previous if e.get("phase") == 2}
     asked_for = {(e["uid"], e["node"]): who for e, who in previous}  # the Dataset each was asked for
     waiting = waiting_pods(pods, by_key, queue_places(pods, queues or Queues()))
+    known = followers(running_pods(pods), (pod for _, pod in waiting))
+    if named_only:
+        waiting = [(w, pod) for w, pod in waiting if w.key in known]
     pod_of = {w.key: pod for w, pod in waiting}
     preps = plan(
         node_states(nodes, pods, inventories),
@@ -86,7 +125,7 @@ def prepare_pass(
         now=now(),
         thresholds=presets,
         fetching=fetched,
-        known=followers(running_pods(pods), pod_of.values()),
+        known=known,
     )
     out: dict[tuple[str, str], JSON] = {}
     fetching: set[tuple[str, str]] = set()

@@ -13,7 +13,9 @@ Who calls it: :mod:`dsagent.controller.nextjob`, once per pass. What it owns:
   creation order behind the admitted ones;
 - :func:`followers`: the waiting pods a running pod names as its follow-up
   (``dsagent.io/next-job``, :mod:`dsplatform.wire.podannotations`): their node is known
-  (the running pod's), and so is when they start (its expected end).
+  (the running pod's), and so is when they start (its expected end);
+- :func:`follow_up_namespaces`: where such pods run, as the nodes' agents publish it: all
+  the default preparation (``auto``) lists pods of.
 
 Everything read is hostile: objects without the fields are ignored, never an error.
 """
@@ -27,6 +29,8 @@ from typing import Any
 
 from dsagent.policy.preparation import Known, Running
 from dsplatform.kubetime import parse_or_none
+from dsplatform.names import DNS_LABEL_MAX_LENGTH, is_dns_label
+from dsplatform.published import FOLLOW_UPS, FOLLOW_UPS_MAX
 from dsplatform.wire.podannotations import next_job_of, progress_of
 
 log = logging.getLogger("dsagent.controller")
@@ -118,6 +122,20 @@ def queue_places(pods: Iterable[Mapping[str, Any]], queues: Queues) -> dict[str,
         else:
             out[uid] = ((1, 0, _created(pod), name), "prediction")
     return out
+
+
+def follow_up_namespaces(nodes: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The namespaces whose running pods name their follow-up job, as the nodes' agents
+    publish them (:data:`dsplatform.published.FOLLOW_UPS`; hostile input: at most
+    :data:`~dsplatform.published.FOLLOW_UPS_MAX` a node, namespace names only), sorted."""
+    out: set[str] = set()
+    for node in nodes:
+        annotations = _meta(node).get("annotations")
+        value = annotations.get(FOLLOW_UPS) if isinstance(annotations, Mapping) else None
+        if not isinstance(value, str) or len(value) > FOLLOW_UPS_MAX * (DNS_LABEL_MAX_LENGTH + 1):
+            continue
+        out.update(n for n in value.split(",")[:FOLLOW_UPS_MAX] if is_dns_label(n))
+    return sorted(out)
 
 
 def followers(

@@ -48,7 +48,7 @@ from dsagent.controller.inventories import DatasetIndex, InventoryReader, parse_
 from dsagent.controller.jobpod import JobPlace
 from dsagent.controller.leader import LeaseElector
 from dsagent.controller.migration import MigrationPass
-from dsagent.controller.nextjob import prepare_pass
+from dsagent.controller.nextjob import pods_to_prepare, prepare_pass
 from dsagent.controller.orphans import GoneSweep
 from dsagent.controller.packing import Fingerprint, PackJobs, listing_fingerprint
 from dsagent.controller.passheap import PassHeap
@@ -72,6 +72,7 @@ from dsagent.kube import nodestate, nodewatch
 from dsagent.kube.datasets import GROUP, PLURAL, VERSION
 from dsagent.kube.events import EventRecorder, ObjectRef
 from dsagent.policy import copies, replication
+from dsagent.policy.preparation import Thresholds
 from dsplatform import published
 from dsplatform.errors import exit_on_error
 from dsplatform.kubetime import format_time
@@ -272,23 +273,7 @@ class DatasetController:
         self._forget_rankings()
         self.heap.read()
         if s.prepare is not None:
-            try:
-                self._preparation = prepare_pass(
-                    nodes,
-                    inventories,
-                    datasets,
-                    s.prepare,
-                    pods=self._pods(),
-                    now=self.clock,
-                    agent_call=self.agent_call,
-                    metrics=self.metrics,
-                    ledger=self._ledger,
-                    queues=list_queues(self._custom, timeout=self._timeout),
-                    pod_event=self._pod_event,
-                )
-            except Exception:  # preparation is an optimisation: never let it stop a pass
-                log.exception("next-job preparation failed this pass")
-                self._preparation = None
+            self._preparation = self._prepare(s.prepare, nodes, inventories, datasets)
         reconciled = []  # the Datasets as this pass left them (a pack Job started now is Running)
         self.status_writes.begin()  # written on threads meanwhile, all of them before the pass goes on
         for ds in datasets:
@@ -485,7 +470,8 @@ class DatasetController:
         lists them now, once, and finds the agents among them (:func:`agents.agents_among`);
         otherwise, or for a selector not read here, the API server is asked for the agents."""
         s = self.settings
-        if agents.reads_every_pod(datasets, prepare=s.prepare is not None, migrate=s.migrate):
+        every = s.prepare is not None and not s.prepare_named_only
+        if agents.reads_every_pod(datasets, prepare=every, migrate=s.migrate):
             found = agents.agents_among(self._pods(), s.namespace, s.agent_selector, s.agent_port)
             if found is not None:
                 return found
@@ -535,6 +521,41 @@ class DatasetController:
         if self._pods_by_dataset is None:
             self._pods_by_dataset = podfacts.pods_by_dataset(self._pods())
         return self._pods_by_dataset
+
+    def _prepare(
+        self, presets: Thresholds, nodes: list[JSON], inventories: Mapping[str, Mapping[str, Any]], datasets: list[JSON]
+    ) -> dict[tuple[str, str], JSON] | None:
+        """Next-job preparation's pass (:func:`nextjob.prepare_pass`) over the pods it reads
+        (:func:`nextjob.pods_to_prepare`); None when it failed."""
+        named_only = self.settings.prepare_named_only
+        try:
+            pods = pods_to_prepare(
+                nodes,
+                datasets,
+                named_only=named_only,
+                listed=self._pods_now,
+                every_pod=self._pods,
+                namespace_pods=lambda ns: agents.pods_of(self._core, ns, self._timeout),
+            )
+            if pods is None:
+                return {}
+            return prepare_pass(
+                nodes,
+                inventories,
+                datasets,
+                presets,
+                pods=pods,
+                now=self.clock,
+                agent_call=self.agent_call,
+                metrics=self.metrics,
+                ledger=self._ledger,
+                queues=None if named_only else list_queues(self._custom, timeout=self._timeout),
+                pod_event=self._pod_event,
+                named_only=named_only,
+            )
+        except Exception:  # preparation is an optimisation: never let it stop a pass
+            log.exception("next-job preparation failed this pass")
+            return None
 
     def _pods(self) -> list[JSON]:
         if self._pods_now is None:

@@ -433,10 +433,10 @@ class ClusterAgent:
         return min([self.cluster.publish_interval, *waits]) if waits else self.cluster.publish_interval
 
     async def publish_once(self) -> bool:
-        """Write what changed (the ``NodeCache``, the Node's free-GPU annotation), each at most
+        """Write what changed (the ``NodeCache``, the Node's free-GPU and follow-up annotations), each at most
         once per publish interval (docs/design.md#node-state); True when it wrote."""
         state = publisher.node_state(await self.service.inventory(), self._topology_json)
-        desired = publisher.node_annotations(await self._current_free_gpus())
+        desired = publisher.node_annotations(await self._current_free_gpus(), self._follow_ups())
         if self._annotations is None:
             self._annotations = await asyncio.to_thread(self._state.read_annotations)
         wrote = False
@@ -469,6 +469,13 @@ class ClusterAgent:
                 if found is not None:
                     return sorted(found)
         return self._free_gpus()
+
+    def _follow_ups(self) -> list[str]:
+        """The namespaces of the node's running pods that name their follow-up job (none
+        until the pods are listed)."""
+        if self._watch is None or not self._watch.synced.is_set():
+            return []
+        return publisher.follow_ups(p for p in self._watch.pods().values() if not has_ended(p))
 
     def _free_gpus(self) -> list[int] | None:
         pods = self._watch.pods().values() if self._watch is not None and self._watch.synced.is_set() else None

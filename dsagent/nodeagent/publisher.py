@@ -5,12 +5,13 @@ Two objects (contract: docs/design.md#node-state):
 - its ``NodeCache`` (:mod:`dsplatform.wire.nodecache`): the compact inventory JSON (budget
   64 KiB, trimmed by :func:`dsplatform.wire.inventory.compact`), the compact topology JSON
   (budget 32 KiB; left out when larger) and when it was written (:func:`node_state`);
-- its Node, one small annotation, ``dsagent.io/free-gpus``: the indices of free GPUs,
-  published whenever they are known: from the kubelet's pod-resources API
-  (``dsagent.nodeplugins.deviceplugin.podresources``, wired in by the CLI) when it answers,
-  else only while no pod on the node requests GPUs (every GPU is free); otherwise the
-  annotation is removed and the extender falls back to allocatable minus requests
-  (:func:`node_annotations`).
+- its Node, two small annotations (:func:`node_annotations`): ``dsagent.io/free-gpus``, the
+  indices of free GPUs, published whenever they are known: from the kubelet's pod-resources
+  API (``dsagent.nodeplugins.deviceplugin.podresources``, wired in by the CLI) when it
+  answers, else only while no pod on the node requests GPUs (every GPU is free); otherwise
+  the annotation is removed and the extender falls back to allocatable minus requests. And
+  ``dsagent.io/follow-ups``, the namespaces of the running pods that name their follow-up
+  job, while there are any (:func:`follow_ups`).
 
 :func:`annotation_patch` turns the Node's current and desired annotations into the smallest
 merge patch (None when nothing changed); it also removes the inventory, topology and
@@ -24,19 +25,21 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dsplatform import published
 from dsplatform.gpus import GpuResources, QuantityError, pod_gpus
 from dsplatform.wire import inventory as inventory_contract
 from dsplatform.wire import nodecache
+from dsplatform.wire.podannotations import next_job_of
 
 INVENTORY = inventory_contract.ANNOTATION
 TOPOLOGY = published.TOPOLOGY
 FREE_GPUS = published.FREE_GPUS
+FOLLOW_UPS = published.FOLLOW_UPS
 PUBLISHED_AT = published.PUBLISHED_AT
-CONTENT = (INVENTORY, TOPOLOGY, FREE_GPUS)  # what the node reports; PUBLISHED_AT says when
+CONTENT = (INVENTORY, TOPOLOGY, FREE_GPUS, FOLLOW_UPS)  # what the node reports; PUBLISHED_AT says when
 OWNED = (*CONTENT, PUBLISHED_AT)  # every annotation an agent of this release or the one before wrote
 TOPOLOGY_BUDGET = nodecache.TOPOLOGY_MAX_BYTES
 
@@ -53,9 +56,26 @@ def node_state(inventory: Mapping[str, Any] | None, topology_json: str | None) -
     return state
 
 
-def node_annotations(free_gpus: Sequence[int] | None) -> dict[str, str]:
-    """The annotations this agent keeps on its Node now: the free GPUs, when known."""
-    return {FREE_GPUS: ",".join(str(i) for i in sorted(free_gpus))} if free_gpus is not None else {}
+def node_annotations(free_gpus: Sequence[int] | None, follow_ups: Sequence[str] = ()) -> dict[str, str]:
+    """The annotations this agent keeps on its Node now: the free GPUs, when known; the
+    namespaces whose running pods name a follow-up (:func:`follow_ups`), when any do."""
+    out = {FREE_GPUS: ",".join(str(i) for i in sorted(free_gpus))} if free_gpus is not None else {}
+    if follow_ups:
+        out[FOLLOW_UPS] = ",".join(sorted(set(follow_ups))[: published.FOLLOW_UPS_MAX])
+    return out
+
+
+def follow_ups(pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The namespaces of ``pods`` (the node's, not ended) that name their follow-up job
+    (``dsagent.io/next-job``), sorted."""
+    out = set()
+    for pod in pods:
+        meta = pod.get("metadata")
+        meta = meta if isinstance(meta, Mapping) else {}
+        annotations = meta.get("annotations")
+        if isinstance(annotations, Mapping) and next_job_of(annotations) is not None:
+            out.add(str(meta.get("namespace") or "default"))
+    return sorted(out)
 
 
 FREE_BYTES_QUANTUM = 64 << 20  # at least; 0.5% of the capacity on large disks
@@ -163,6 +183,7 @@ def topology_json(topology: Any, mode: str, node: str) -> str:
 __all__ = [
     "topology_json",
     "FREE_BYTES_QUANTUM",
+    "FOLLOW_UPS",
     "FREE_GPUS",
     "INVENTORY",
     "OWNED",
@@ -175,6 +196,7 @@ __all__ = [
     "blind_clearing_patch",
     "clearing_patch",
     "desired_annotations",
+    "follow_ups",
     "free_gpus",
     "gpu_request",
     "quantized",

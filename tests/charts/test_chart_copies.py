@@ -65,20 +65,28 @@ def test_switched_off_neither_side_touches_the_configmap() -> None:
     assert controller_env(docs)["DSAGENT_CONTROLLER_COPIES_CONFIGMAP"] == "off"
 
 
-def test_next_job_preparation_is_off_by_default_and_on_lists_pods_with_its_presets() -> None:
+def test_next_job_preparation_is_auto_by_default_true_reads_the_queues_and_false_is_off() -> None:
     from dsagent.controller.controllersettings import ControllerSettings
 
-    off = render()
-    assert "DSAGENT_CONTROLLER_PREPARE" not in controller_env(off)
+    default = render()
+    assert controller_env(default)["DSAGENT_CONTROLLER_PREPARE"] == "auto"
+    auto = ControllerSettings.from_env(settings_env(default))
+    assert auto.prepare is not None and auto.prepare_named_only  # the named follow-ups only
+    off = render({"controller": {"prepare": {"enabled": False}}})
+    assert controller_env(off)["DSAGENT_CONTROLLER_PREPARE"] == "off"
     assert ControllerSettings.from_env(settings_env(off)).prepare is None
     docs = render({"controller": {"prepare": {"enabled": True, "window": "1h", "fillFraction": "0.8"}}})
-    presets = ControllerSettings.from_env(settings_env(docs)).prepare
+    on = ControllerSettings.from_env(settings_env(docs))
+    presets = on.prepare
+    assert not on.prepare_named_only
     assert presets is not None and (presets.window_s, presets.fetch_lead_s, presets.fill_fraction) == (3600, 600, 0.8)
     assert presets.subtasks_remaining == 2
-    # the queue systems' order (Kueue Workloads, Volcano Jobs): listed only with preparation on
+    # the queue systems' order (Kueue Workloads, Volcano Jobs): listed only to prepare every waiting pod
     queue_rules = {("kueue.x-k8s.io", "workloads", "list"), ("batch.volcano.sh", "jobs", "list")}
     assert queue_rules <= rules_of(docs, "-controller")
+    assert not queue_rules & rules_of(default, "-controller")
     assert not queue_rules & rules_of(off, "-controller")
+    assert ("", "pods", "list") in rules_of(default, "-controller")  # the named follow-ups' namespaces
     crd = find(docs, "CustomResourceDefinition", "datasets.dsagent.io")
     status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     assert status["preparation"]["x-kubernetes-preserve-unknown-fields"] is True

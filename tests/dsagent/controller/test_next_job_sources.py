@@ -11,11 +11,12 @@ import pytest
 from kubernetes.client import CustomObjectsApi
 
 from dsagent.controller.controllermetrics import ControllerMetrics
-from dsagent.controller.nextjob import preparation_report, prepare_pass
+from dsagent.controller.nextjob import pods_to_prepare, preparation_report, prepare_pass
 from dsagent.controller.podfacts import running_pods, waiting_pods
-from dsagent.controller.queues import Queues, followers, list_queues, queue_places
+from dsagent.controller.queues import Queues, follow_up_namespaces, followers, list_queues, queue_places
 from dsagent.policy.preparation import Known, NodeState, Running, Thresholds, Waiting, Want, plan
 from dsplatform.kubetime import format_time
+from dsplatform.published import FOLLOW_UPS, FOLLOW_UPS_MAX
 from dsplatform.wire.podannotations import next_job_of, progress_of
 from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
 
@@ -240,3 +241,45 @@ def test_an_agents_answer_about_a_preparation_is_hostile_input() -> None:
     assert preparation_report((500, {"state": "prepared"})) == ("failed", 1)
     assert preparation_report((200, {"state": "<script>", "phase": 7})) == ("unknown", 1)
     assert preparation_report((200, {"state": "fetching", "phase": 2})) == ("fetching", 2)
+
+
+def test_the_follow_up_namespaces_on_the_nodes_are_hostile_input() -> None:
+    nodes = [
+        make_node("a", annotations={FOLLOW_UPS: "ml,team-b"}),
+        make_node("b", annotations={FOLLOW_UPS: "ml,../etc,Upper,x" + "y" * 63 + ",,ok"}),
+        make_node("c", annotations={FOLLOW_UPS: ",".join(f"n{i}" for i in range(100))}),
+        make_node("d", annotations={FOLLOW_UPS: "z" * 10_000}),
+        make_node("e"),
+        {"metadata": "not an object"},
+    ]
+    found = follow_up_namespaces(nodes)
+    assert {"ml", "team-b", "ok"} <= set(found) and not {"../etc", "Upper", ""} & set(found)
+    assert {n for n in found if n.startswith("n")} == {
+        f"n{i}" for i in range(FOLLOW_UPS_MAX)
+    }  # the first 8 a node names
+    assert found == sorted(found)
+
+
+def test_a_pass_preparing_named_follow_ups_reads_the_pods_of_their_namespaces_only() -> None:
+    listed_ns: list[str] = []
+
+    def namespace_pods(ns: str) -> list[dict[str, Any]]:
+        listed_ns.append(ns)
+        return [make_pod(f"p-{ns}", namespace=ns)]
+
+    def every_pod() -> list[dict[str, Any]]:
+        raise AssertionError("every pod listed")
+
+    named = [make_node("a", annotations={FOLLOW_UPS: "ml"})]
+    ds = make_dataset("d", namespace="ml")
+    kw: dict[str, Any] = {"named_only": True, "every_pod": every_pod, "namespace_pods": namespace_pods}
+    assert pods_to_prepare([make_node("a")], [ds], listed=None, **kw) is None  # nothing named, nothing to release
+    pods = pods_to_prepare(named, [ds], listed=None, **kw)
+    assert [p["metadata"]["name"] for p in pods or []] == ["p-ml"] and listed_ns == ["ml"]
+    already = [make_pod("x", namespace="ml"), make_pod("y", namespace="other")]
+    pods = pods_to_prepare(named, [ds], listed=already, **kw)  # listed this pass anyway: no request
+    assert [p["metadata"]["name"] for p in pods or []] == ["x"] and listed_ns == ["ml"]
+    ds["status"] = {"preparation": {"pods": [{"uid": "u", "node": "a", "state": "reserved"}]}}
+    assert pods_to_prepare([make_node("a")], [ds], listed=None, **kw) == []  # released with no pod read
+    assert pods_to_prepare([], [ds], listed=None, named_only=False, every_pod=lambda: already,
+                           namespace_pods=namespace_pods) == already  # fmt: skip

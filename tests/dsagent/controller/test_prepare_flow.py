@@ -52,7 +52,13 @@ def _counter(text: str, name: str) -> float:
 
 def ctl_for(api_client: Any, clock: Clock, port: int) -> DatasetController:
     settings = ControllerSettings(
-        namespace=NS, identity="c-1", admin_token=ADMIN_TOKEN, agent_port=port, prepare=PRESETS, copies_configmap=None
+        namespace=NS,
+        identity="c-1",
+        admin_token=ADMIN_TOKEN,
+        agent_port=port,
+        prepare=PRESETS,
+        copies_configmap=None,
+        prepare_enabled="on",
     )
     return DatasetController(api_client, settings, clock=clock)
 

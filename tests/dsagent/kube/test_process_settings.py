@@ -37,7 +37,8 @@ def test_the_controllers_defaults_are_the_old_readers() -> None:
         None,
         copycounts.CONFIGMAP,
     )
-    assert (s.prepare, s.replicas_window_s, s.replicas_max) == (None, 3600.0, 16)
+    assert (s.prepare_enabled, s.replicas_window_s, s.replicas_max) == ("auto", 3600.0, 16)
+    assert s.prepare == Thresholds()  # the named follow-ups only, at the presets' defaults
     assert s.identity  # the host name
 
 
@@ -93,11 +94,18 @@ def test_bad_controller_variables_are_all_named_in_one_settings_error() -> None:
         assert f"{name}={env[name]!r}" in message, message
 
 
-@pytest.mark.parametrize(("value", "on"), [("on", True), ("yes", True), ("1", True), ("off", False), ("", False)])
-def test_prepare_takes_the_platforms_one_boolean_syntax(value: str, on: bool) -> None:
-    """Which rule won: dsplatform.settings.Flag's. The old reader took only on/true/1 and
-    read anything else, "yes" and typos included, as off."""
-    assert (ControllerSettings.from_env({"DSAGENT_CONTROLLER_PREPARE": value}).prepare is not None) is on
+@pytest.mark.parametrize(
+    ("value", "mode"),
+    [("on", "on"), ("yes", "on"), ("1", "on"), ("off", "off"), ("0", "off"), ("auto", "auto"), ("", "auto")],
+)
+def test_prepare_takes_the_platforms_switch_syntax(value: str, mode: str) -> None:
+    """Which rule won: dsplatform.settings.Switch's (the flag syntax, or auto; empty: the
+    default, auto). The old reader took only on/true/1 and read anything else, "yes" and
+    typos included, as off."""
+    s = ControllerSettings.from_env({"DSAGENT_CONTROLLER_PREPARE": value})
+    assert s.prepare_enabled == mode
+    assert (s.prepare is not None) is (mode != "off")
+    assert s.prepare_named_only is (mode == "auto")
 
 
 def test_a_typo_in_prepare_is_refused_not_read_as_off() -> None:

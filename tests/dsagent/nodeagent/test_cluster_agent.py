@@ -19,6 +19,7 @@ from dsagent.nodeagent.clusteragent import ClusterAgent
 from dsagent.nodeagent.clusterhooks import ClusterHooks, TaskNotOnNode
 from dsagent.nodeagent.clustersettings import ClusterSettings
 from dsagent.webhook.mutation import Injection, ResolvedDataset, mutate
+from dsplatform.published import FOLLOW_UPS
 from gpu_topology.dumps import load_dump
 from tools.support.fake_apiserver import FakeApiServer, json_patch, make_dataset, make_node, make_pod
 
@@ -218,6 +219,29 @@ def test_topology_in_the_nodecache_and_free_gpus_on_the_node_withdrawn_when_pods
             apiserver.create(make_pod("trainer", node_name=NODE, gpus=4, phase="Running"))
             await until(lambda: "dsagent.io/free-gpus" not in node_annotations(apiserver), what="withdrawal")
             assert "topology" in node_cache(apiserver)
+
+    asyncio.run(scenario())
+
+
+def test_the_namespaces_of_running_pods_that_name_a_follow_up_are_on_the_node_while_they_run(
+    apiserver: FakeApiServer, tmp_path: Path
+) -> None:
+    apiserver.create(make_node(NODE))
+    naming = {"dsagent.io/next-job": "train-b"}
+
+    async def scenario() -> None:
+        async with cluster_agent(apiserver, tmp_path, cluster=ClusterSettings(publish_interval=0.2, watch_timeout=5)):
+            apiserver.create(make_pod("plain", namespace="ml", node_name=NODE, phase="Running"))
+            apiserver.create(make_pod("a-0", namespace="ml", node_name=NODE, annotations=naming, phase="Running"))
+            apiserver.create(make_pod("b-0", namespace="team-b", node_name=NODE, annotations=naming, phase="Running"))
+            apiserver.create(make_pod("elsewhere", namespace="other", node_name="gpu-9", annotations=naming))
+            bad = {"dsagent.io/next-job": "Not A Name"}
+            apiserver.create(make_pod("typo", namespace="typo", node_name=NODE, annotations=bad, phase="Running"))
+            await until(lambda: node_annotations(apiserver).get(FOLLOW_UPS) == "ml,team-b", what="follow-ups")
+            apiserver.patch("pods", "b-0", {"status": {"phase": "Succeeded"}}, namespace="team-b")
+            await until(lambda: node_annotations(apiserver).get(FOLLOW_UPS) == "ml", what="one ended")
+            apiserver.delete("pods", "a-0", namespace="ml")
+            await until(lambda: FOLLOW_UPS not in node_annotations(apiserver), what="withdrawal")
 
     asyncio.run(scenario())
 

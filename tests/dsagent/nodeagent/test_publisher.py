@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from dsagent.nodeagent.publisher import (
+    FOLLOW_UPS,
     FREE_GPUS,
     INVENTORY,
     TOPOLOGY,
@@ -15,8 +16,10 @@ from dsagent.nodeagent.publisher import (
     applied,
     clearing_patch,
     desired_annotations,
+    follow_ups,
     free_gpus,
     gpu_request,
+    node_annotations,
     quantized,
 )
 from tools.support.fake_apiserver import make_pod
@@ -100,3 +103,16 @@ def test_desired_annotations_are_compact_and_respect_the_topology_budget() -> No
     assert " " not in desired[INVENTORY] and json.loads(desired[INVENTORY])["node"] == "n"
     assert TOPOLOGY not in desired_annotations(inventory, "x" * (33 * 1024), None)
     assert FREE_GPUS not in desired_annotations(None, None, None)
+
+
+def test_the_follow_up_namespaces_are_sorted_bounded_and_cleared_with_the_rest() -> None:
+    assert node_annotations(None, ["team-b", "ml", "ml"]) == {FOLLOW_UPS: "ml,team-b"}
+    assert FOLLOW_UPS not in node_annotations([0], [])
+    many = node_annotations(None, [f"n{i:03d}" for i in range(100)])[FOLLOW_UPS].split(",")
+    assert many == [f"n{i:03d}" for i in range(8)]
+    assert annotation_patch({FOLLOW_UPS: "ml", FREE_GPUS: "0"}, {FREE_GPUS: "0"}) == {FOLLOW_UPS: None}
+    assert clearing_patch({FOLLOW_UPS: "ml"}) == {FOLLOW_UPS: None}
+    naming = make_pod("a", namespace="ml", annotations={"dsagent.io/next-job": "train-b"})
+    plain = make_pod("b", namespace="other")
+    typo = make_pod("c", namespace="typo", annotations={"dsagent.io/next-job": "Not a name"})
+    assert follow_ups([naming, plain, typo, {"metadata": None}]) == ["ml"]
