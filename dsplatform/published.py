@@ -24,7 +24,7 @@ FREE_GPUS = "dsagent.io/free-gpus"
 #: namespaces only (docs/design.md#next-job-preparation).
 FOLLOW_UPS = "dsagent.io/follow-ups"
 #: the most namespaces :data:`FOLLOW_UPS` names (a reader takes no more)
-FOLLOW_UPS_MAX = 8
+FOLLOW_UPS_MAX = 4
 #: When the agent last published (RFC 3339, seconds): written with every change and at least
 #: every heartbeat, so a reader can refuse an inventory older than its bound (docs/operator-guide/tenancy.md).
 PUBLISHED_AT = "dsagent.io/published-at"

@@ -246,8 +246,8 @@ def test_an_agents_answer_about_a_preparation_is_hostile_input() -> None:
 def test_the_follow_up_namespaces_on_the_nodes_are_hostile_input() -> None:
     nodes = [
         make_node("a", annotations={FOLLOW_UPS: "ml,team-b"}),
-        make_node("b", annotations={FOLLOW_UPS: "ml,../etc,Upper,x" + "y" * 63 + ",,ok"}),
-        make_node("c", annotations={FOLLOW_UPS: ",".join(f"n{i}" for i in range(100))}),
+        make_node("b", annotations={FOLLOW_UPS: "../etc,Upper,ok,x" + "y" * 63}),
+        make_node("c", annotations={FOLLOW_UPS: ",".join(f"n{i}" for i in range(10))}),
         make_node("d", annotations={FOLLOW_UPS: "z" * 10_000}),
         make_node("e"),
         {"metadata": "not an object"},
@@ -256,7 +256,7 @@ def test_the_follow_up_namespaces_on_the_nodes_are_hostile_input() -> None:
     assert {"ml", "team-b", "ok"} <= set(found) and not {"../etc", "Upper", ""} & set(found)
     assert {n for n in found if n.startswith("n")} == {
         f"n{i}" for i in range(FOLLOW_UPS_MAX)
-    }  # the first 8 a node names
+    }  # the first 4 a node names
     assert found == sorted(found)
 
 

@@ -109,7 +109,7 @@ def test_the_follow_up_namespaces_are_sorted_bounded_and_cleared_with_the_rest()
     assert node_annotations(None, ["team-b", "ml", "ml"]) == {FOLLOW_UPS: "ml,team-b"}
     assert FOLLOW_UPS not in node_annotations([0], [])
     many = node_annotations(None, [f"n{i:03d}" for i in range(100)])[FOLLOW_UPS].split(",")
-    assert many == [f"n{i:03d}" for i in range(8)]
+    assert many == [f"n{i:03d}" for i in range(4)]
     assert annotation_patch({FOLLOW_UPS: "ml", FREE_GPUS: "0"}, {FREE_GPUS: "0"}) == {FOLLOW_UPS: None}
     assert clearing_patch({FOLLOW_UPS: "ml"}) == {FOLLOW_UPS: None}
     naming = make_pod("a", namespace="ml", annotations={"dsagent.io/next-job": "train-b"})
