@@ -26,6 +26,12 @@ class ControllerMetrics(MetricSet):
         self.node_reads = NodeReads(
             self, "Passes' reads of the Nodes, by source: watch (list+watch) or list (the watch not synced or failing)."
         )
+        self.pod_reads = NodeReads(
+            self,
+            "Passes' reads of every pod, by source: watch (list+watch, started by the first pass that reads them) "
+            "or list (the watch off, not synced or failing).",
+            name="pod_reads",
+        )
         self.preparations = self.gauge(
             "preparations",
             "Pods whose datasets are being prepared on the node predicted for them, by phase (1 reserved, 2 fetching).",

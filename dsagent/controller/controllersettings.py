@@ -94,6 +94,9 @@ class ControllerSettings(EnvSettings):
     api_timeout_s: Duration = Field(30.0, validation_alias=_controller_env("API_TIMEOUT", "api_timeout_s"))
     # Nodes and NodeCaches kept by list+watch (dsagent/kube/nodewatch.py) rather than listed each pass
     watch_nodes: Flag = Field(True, validation_alias=_controller_env("WATCH_NODES", "watch_nodes"))
+    # every pod kept by list+watch (dsagent/kube/podswatch.py), started by the first pass that
+    # reads them all, rather than listed at each such pass
+    watch_pods: Flag = Field(True, validation_alias=_controller_env("WATCH_PODS", "watch_pods"))
     # store gc Jobs (dsagent/controller/storegc.py) this often; None ("off", "none", "0"): not run
     store_gc_s: Annotated[Duration | None, BeforeValidator(_off_is_none)] = Field(
         None, validation_alias=_controller_env("STORE_GC", "store_gc_s")

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -52,6 +52,7 @@ from dsagent.controller.nextjob import pods_to_prepare, prepare_pass
 from dsagent.controller.orphans import GoneSweep
 from dsagent.controller.packing import Fingerprint, PackJobs, listing_fingerprint
 from dsagent.controller.passheap import PassHeap
+from dsagent.controller.passpods import PassPods
 from dsagent.controller.plangates import PlanGates
 from dsagent.controller.queues import list_queues
 from dsagent.controller.quotas import Ledger, Limits, Refusal
@@ -68,7 +69,7 @@ from dsagent.controller.striping import (
     striped_pass,
 )
 from dsagent.controller.warmup import WarmRanking, replica_rooms, replicas_status, warm_status
-from dsagent.kube import nodestate, nodewatch
+from dsagent.kube import nodestate, nodewatch, podswatch
 from dsagent.kube.datasets import GROUP, PLURAL, VERSION
 from dsagent.kube.events import EventRecorder, ObjectRef
 from dsagent.policy import copies, replication
@@ -129,17 +130,20 @@ class DatasetController:
         # the inventories' texts parsed and what was read from each, kept from pass to pass
         self._reader = InventoryReader()
         self.heap = PassHeap()  # the cyclic garbage collector kept off what a pass read
-        self._pods_now: list[JSON] | None = None
         # built once a pass, not per Dataset: the inventories by the datasets they list, and
         # the nodes' free GPUs
         self._by_dataset: DatasetIndex | None = None
         self._gpus_now: dict[str, int] | None = None
         # likewise, at most once a pass and only when a Dataset asks for copies: the agent
-        # nodes ranked for warm-up and for replicas, and the pods by the Datasets they name
+        # nodes ranked for warm-up and for replicas
         self._warm_ranking: WarmRanking | None = None
         self._replica_rooms: replication.Ranked | None = None
-        self._pods_by_dataset: dict[tuple[str, str], list[Mapping[str, Any]]] | None = None
         self.metrics = ControllerMetrics()
+        pods_watch = (
+            podswatch.PodsWatch(api_client, request_timeout=settings.api_timeout_s) if settings.watch_pods else None
+        )
+        # every pod, read at most once a pass (watched once a pass has read them)
+        self.pods = PassPods(self._core, settings.api_timeout_s, pods_watch, self.metrics.pod_reads)
         self._failures = 0  # failed passes in a row (the backoff)
         self.gone_sweep = GoneSweep()  # which agents a pass asks what they hold for gone Datasets
         self._timeout = settings.api_timeout_s
@@ -237,7 +241,8 @@ class DatasetController:
     def _pass(self) -> None:
         # the last pass's lists go before this pass's are read: never both held at once (the
         # process's peak, and what each of the interpreter's full collections walks)
-        self._nodes_now, self._pods_now, self._gpus_now, self._by_dataset, self._copies = [], None, None, None, None
+        self._nodes_now, self._gpus_now, self._by_dataset, self._copies = [], None, None, None
+        self.pods.next_pass()
         self._forget_rankings()
         self._reader.next_pass()
         self.heap.reading()  # from here to the index: API reads and JSON, no reference cycle
@@ -266,7 +271,7 @@ class DatasetController:
         self.gone_sweep.listed(keys)  # before any agent is asked to hold anything for them
         self._preparation = {}
         self._nodes_now = nodes
-        self._pods_now = None  # listed at most once per pass, when something needs them
+        self.pods.next_pass()  # read at most once per pass, when something needs them
         self._gpus_now = None  # likewise
         self._agent_urls = self._find_agents(datasets)
         self._by_dataset = self._reader.index(inventories)
@@ -301,12 +306,12 @@ class DatasetController:
                 log.exception("starting store gc Jobs failed this pass")
         if s.migrate:
             try:
-                self.migration.run(nodes, self._pods())
+                self.migration.run(nodes, self.pods.all())
             except Exception:  # a move is an optimisation: never let it stop a pass
                 log.exception("migration failed this pass")
         if self.plan_gates is not None:  # after migration, as the design's round (6.2)
             try:
-                self.plan_gates.run(nodes, self._pods)
+                self.plan_gates.run(nodes, self.pods.all)
             except Exception:  # the next pass tries again
                 log.exception("the plan loop failed this pass")
 
@@ -367,7 +372,7 @@ class DatasetController:
                 agent_call=self.agent_call,
                 agent_nodes=set(self._agent_urls),
                 nodes=self._nodes_now,
-                pods=self._pods,
+                pods=self.pods.all,
                 gpus=self._free_gpus,
                 now=self.clock,
                 window_s=self.settings.replicas_window_s,
@@ -375,7 +380,7 @@ class DatasetController:
                 admit=(copies_admit := self._ledger.admitter(namespace, size)),
                 refusals=refusals,
                 ranked=lambda: self._rooms(inventories),
-                pods_by_dataset=self._pods_named,
+                pods_by_dataset=self.pods.by_dataset,
             )
             if copies_admit.refused is not None:
                 refusals.append(copies_admit.refused)
@@ -398,7 +403,7 @@ class DatasetController:
                 agent_call=self.agent_call,
                 agent_urls=self._agent_urls,
                 who=acting_for(namespace, name),
-                job=job_nodes(self._pods_named().get((namespace, name), ()), namespace, name),
+                job=job_nodes(self.pods.by_dataset().get((namespace, name), ()), namespace, name),
                 now=self.clock(),
                 drain_timeout=self.settings.stripe_drain_timeout_s,
                 events=stripe_events,
@@ -472,7 +477,7 @@ class DatasetController:
         s = self.settings
         every = s.prepare is not None and not s.prepare_named_only
         if agents.reads_every_pod(datasets, prepare=every, migrate=s.migrate):
-            found = agents.agents_among(self._pods(), s.namespace, s.agent_selector, s.agent_port)
+            found = agents.agents_among(self.pods.all(), s.namespace, s.agent_selector, s.agent_port)
             if found is not None:
                 return found
         return agents.find_agents(self._core, s.namespace, s.agent_selector, s.agent_port, self._timeout)
@@ -481,15 +486,11 @@ class DatasetController:
         """The nodes' free GPUs, worked out at most once a pass (:func:`podfacts.free_gpus`;
         the pods listed only when a node publishes no count of its own)."""
         if self._gpus_now is None:
-            self._gpus_now = podfacts.free_gpus(self._nodes_now, self._each_pod())
+            self._gpus_now = podfacts.free_gpus(self._nodes_now, self.pods.each())
         return self._gpus_now
 
-    def _each_pod(self) -> Iterator[JSON]:
-        """Every pod (:meth:`_pods`), listed when the first one is asked for."""
-        yield from self._pods()
-
     def _forget_rankings(self) -> None:
-        self._warm_ranking = self._replica_rooms = self._pods_by_dataset = self._striped = None
+        self._warm_ranking = self._replica_rooms = self._striped = None
 
     def _warm_nodes(self, nodes: list[JSON], inventories: Mapping[str, Mapping[str, Any]]) -> WarmRanking:
         """The agent nodes in warm-up's order, ranked at most once a pass (:class:`WarmRanking`)."""
@@ -516,12 +517,6 @@ class DatasetController:
             )
         return self._striped
 
-    def _pods_named(self) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
-        """The pods by the Datasets they name, at most once a pass (:func:`podfacts.pods_by_dataset`)."""
-        if self._pods_by_dataset is None:
-            self._pods_by_dataset = podfacts.pods_by_dataset(self._pods())
-        return self._pods_by_dataset
-
     def _prepare(
         self, presets: Thresholds, nodes: list[JSON], inventories: Mapping[str, Mapping[str, Any]], datasets: list[JSON]
     ) -> dict[tuple[str, str], JSON] | None:
@@ -533,8 +528,8 @@ class DatasetController:
                 nodes,
                 datasets,
                 named_only=named_only,
-                listed=self._pods_now,
-                every_pod=self._pods,
+                listed=self.pods.listed,
+                every_pod=self.pods.all,
                 namespace_pods=lambda ns: agents.pods_of(self._core, ns, self._timeout),
             )
             if pods is None:
@@ -556,11 +551,6 @@ class DatasetController:
         except Exception:  # preparation is an optimisation: never let it stop a pass
             log.exception("next-job preparation failed this pass")
             return None
-
-    def _pods(self) -> list[JSON]:
-        if self._pods_now is None:
-            self._pods_now = agents.every_pod(self._core, self._timeout)
-        return self._pods_now
 
     def _http_agent_call(
         self, node: str, method: str, path: str, body: JSON | None, who: str
@@ -616,6 +606,7 @@ def _run_controller() -> None:
         serve_metrics(settings.metrics_port, controller.metrics.registry)
     if controller.node_watch is not None:
         controller.node_watch.start()
+    controller.pods.start_watch = True
     controller.run_forever()
 
 

@@ -188,11 +188,12 @@ SOURCES = ("watch", "list")
 
 
 class NodeReads:
-    """A process's ``node_reads`` counter, by source (:data:`SOURCES`, each series there from
-    the start): called with the source, as :func:`current`'s ``reads``."""
+    """A process's ``node_reads`` counter (or another ``name``'s: the controller's pod reads),
+    by source (:data:`SOURCES`, each series there from the start): called with the source,
+    as :func:`current`'s ``reads``."""
 
-    def __init__(self, metrics: MetricSet, documentation: str) -> None:
-        self.counter = metrics.counter("node_reads", documentation, "source")
+    def __init__(self, metrics: MetricSet, documentation: str, *, name: str = "node_reads") -> None:
+        self.counter = metrics.counter(name, documentation, "source")
         for source in SOURCES:
             self.counter.labels(source=source)
 

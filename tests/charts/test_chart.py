@@ -1077,6 +1077,7 @@ def test_the_controller_is_least_privilege_and_leads_by_its_own_lease(
         ("dsagent.io", "nodecaches", "list"),  # the nodes' inventories (docs/design.md#node-state)
         ("dsagent.io", "nodecaches", "watch"),
         ("", "pods", "list"),  # replication's demand, next-job preparation
+        ("", "pods", "watch"),  # kept by list+watch once a pass reads them all (controller.watchPods)
         ("", "pods", "patch"),  # the plan loop pins a gated worker and lifts its gate (docs/design.md#deadline-plans)
         ("", "pods/eviction", "create"),  # the plan loop: a worker pinned to a node that is gone
         ("dsagent.io", "datasets", "list"),
@@ -1102,16 +1103,15 @@ def test_the_controller_is_least_privilege_and_leads_by_its_own_lease(
 
     # the admin token file is the pod's mounted Secret, not on this machine
     settings = ControllerSettings.from_env({k: v for k, v in env.items() if v is not None and "TOKEN" not in k})
-    assert settings.resync_s == 30 and settings.metrics_port == 8080 and settings.watch_nodes
-    listing = render({"controller": {"watchNodes": False}})  # listed every pass: no watch granted
+    assert settings.resync_s == 30 and settings.metrics_port == 8080 and settings.watch_nodes and settings.watch_pods
+    listing = render({"controller": {"watchNodes": False, "watchPods": False}})  # listed every pass: no watch granted
     assert {r for r in rules_of(listing, "-controller") if r[2] == "watch"} == set()
     env_off = {
         e["name"]: e.get("value")
         for e in find(listing, "Deployment", "-controller")["spec"]["template"]["spec"]["containers"][0]["env"]
     }
-    assert not ControllerSettings.from_env(
-        {k: v for k, v in env_off.items() if v is not None and "TOKEN" not in k}
-    ).watch_nodes
+    off = ControllerSettings.from_env({k: v for k, v in env_off.items() if v is not None and "TOKEN" not in k})
+    assert not off.watch_nodes and not off.watch_pods
     production = rendered["production"]
     assert "-pack" not in {d["metadata"]["name"][-5:] for d in production if d["kind"] == "ServiceAccount"}
 

@@ -11,9 +11,12 @@ cache) holds:
 - N ``NodeCache`` objects, each with a realistic inventory (``--held`` datasets of the M,
   mostly ready at the Dataset's current digest, some at an older digest, fetching or
   failed) and the two-class 8-GPU topology;
-- N agent pods (the controller finds the agents by label) and M Datasets in four
+- N agent pods (the controller finds the agents by label) and ``--pods-per-node`` (6)
+  running training pods on each node, as the API server holds them (managed fields,
+  container statuses), every other one naming a Dataset; and M Datasets in four
   namespaces, each with its packer's status; one in 20 asks for warm-up on 2 nodes, one in
-  20 for 2 replicas and one in 20 is striped (``stripe: auto``).
+  20 for 2 replicas and one in 20 is striped (``stripe: auto``): the replicated and striped
+  Datasets make every pass read every pod.
 
 The controller (``DatasetController.reconcile_all``, the real code over HTTP with the
 ``kubernetes`` client) runs in a child process of its own. Its agent calls do not leave
@@ -39,8 +42,9 @@ Printed and written to ``--json`` (tools/bench/support/record.py) per size:
   keeps included), not what the pass alone allocates; ``rss_before_bytes`` is its resident
   set before the first pass;
 - ``node_object_bytes_added_max``: the most bytes the platform adds to one Node object:
-  the agents' annotation (``dsagent.nodeagent.publisher.node_annotations``, every GPU
-  free: the longest value), the device-plugin labels and the RoCE-class condition
+  the agents' annotations (``dsagent.nodeagent.publisher.node_annotations``, every GPU
+  free and the most namespaces naming a follow-up job, each of the longest name: the
+  longest values), the device-plugin labels and the RoCE-class condition
   (``dsagent.nodeagent.hardware``) and the class resources its device plugin advertises
   in capacity and allocatable, as compact JSON of the Node after less before, the
   largest over the decisions an agent can make.
@@ -124,15 +128,21 @@ def inventory(node: str, rng: random.Random, names: list[str], held: int, sizes:
     return wire_inventory.compact(doc)
 
 
-def platform_node_parts() -> list[tuple[dict[str, str], dict[str, str], dict[str, Any], dict[str, str]]]:
+def platform_node_parts(
+    follow_ups: bool = False,
+) -> list[tuple[dict[str, str], dict[str, str], dict[str, Any], dict[str, str]]]:
     """What this release's agent puts on its Node, for each decision it can make: (annotations,
-    labels, the condition, the extended resources its device plugin advertises)."""
+    labels, the condition, the extended resources its device plugin advertises). ``follow_ups``:
+    with the most namespaces naming a follow-up job, each as long as a name can be (the
+    longest value; the cluster's Nodes are built without: no pod there names one)."""
     from dsagent.nodeagent import hardware, publisher
     from dsplatform.gpus import RESOURCE_PREFIX
+    from dsplatform.published import FOLLOW_UPS_MAX
     from gpu_topology import Topology
     from scheduler_plugin.testing import two_class_topology
 
-    annotations = publisher.node_annotations(list(range(8)))  # every GPU free: the longest value
+    longest = [f"{i:x}".rjust(63, "n") for i in range(FOLLOW_UPS_MAX)] if follow_ups else []
+    annotations = publisher.node_annotations(list(range(8)), longest)  # every GPU free: the longest value
     decisions = [hardware.roce_path(two_class_topology()), hardware.roce_path(Topology(gpus=(), nics=(), links={}))]
     parts = []
     for decision in decisions:
@@ -167,7 +177,7 @@ def node_bytes_added() -> tuple[int, dict[str, int]]:
 
     bare = make_node("gpu-node-00000")
     best, detail = -1, {}
-    for part in platform_node_parts():
+    for part in platform_node_parts(follow_ups=True):
         annotations, labels, condition, resources = part
         added = compact_len(with_platform(bare, part)) - compact_len(bare)
         if added > best:
@@ -181,7 +191,33 @@ def node_bytes_added() -> tuple[int, dict[str, int]]:
     return best, detail
 
 
-def build(nodes: int, datasets: int, held: int, seed: int = 5) -> dict[str, list[dict[str, Any]]]:
+def training_pod(node: str, index: int, k: int, dataset: str | None) -> dict[str, Any]:
+    """A running training pod as the API server holds it: what its writers' managed fields
+    and the kubelet's container statuses add to what the user sent."""
+    from tools.support.fake_apiserver import make_pod
+
+    pod = make_pod(
+        f"train-{index:05d}-{k}", namespace=NAMESPACES[k % len(NAMESPACES)], node_name=node, phase="Running", gpus=1,
+        annotations={"dsagent.io/datasets": dataset} if dataset else None,
+    )  # fmt: skip
+    fields = {"f:metadata": {"f:annotations": {".": {}}}, "f:spec": {"f:containers": {'k:{"name":"train"}': {}}}}
+    pod["metadata"]["managedFields"] = [
+        {"manager": manager, "operation": "Update", "apiVersion": "v1", "time": "2027-01-15T08:00:00Z",
+         "fieldsType": "FieldsV1", "fieldsV1": fields}
+        for manager in ("kubectl-client-side-apply", "kube-scheduler", "kubelet")
+    ]  # fmt: skip
+    pod["status"]["containerStatuses"] = [
+        {"name": "train", "ready": True, "restartCount": 0, "started": True,
+         "image": "nvcr.io/nvidia/pytorch:24.05-py3", "imageID": "nvcr.io/nvidia/pytorch@sha256:" + "0" * 64,
+         "containerID": "containerd://" + f"{index:032x}{k:032x}",
+         "state": {"running": {"startedAt": "2027-01-15T08:00:00Z"}}, "lastState": {}}
+    ]  # fmt: skip
+    return pod
+
+
+def build(
+    nodes: int, datasets: int, held: int, seed: int = 5, pods_per_node: int = 0
+) -> dict[str, list[dict[str, Any]]]:
     """Every object of the cluster, as the API server would hold them."""
     from scheduler_plugin.testing import topology_json
     from tools.support.fake_apiserver import make_dataset, make_node, make_nodecache, make_pod
@@ -207,6 +243,9 @@ def build(nodes: int, datasets: int, held: int, seed: int = 5) -> dict[str, list
         )  # fmt: skip
         pod["status"]["podIP"] = f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}"
         out["pods"].append(pod)
+        for k in range(pods_per_node):
+            reads = names[(i * 7 + k) % len(names)] if k % 2 == 0 else None
+            out["pods"].append(training_pod(name, i, k, reads))
     for j, name in enumerate(names):
         ds = make_dataset(
             name,
@@ -303,11 +342,12 @@ def child(url: str, watch: bool, agent_s: float = 0.0) -> None:
     config = client.Configuration()
     config.host = url
     settings = ControllerSettings(
-        namespace=NS, identity="bench", pack_image="registry.example/dsp:1", watch_nodes=watch
+        namespace=NS, identity="bench", pack_image="registry.example/dsp:1", watch_nodes=watch, watch_pods=watch
     )
     controller = DatasetController(
         client.ApiClient(config), settings, clock=lambda: PUBLISHED + 30, agent_call=agent_call
     )
+    controller.pods.start_watch = watch  # as the process does: started by the first pass that reads every pod
     if controller.node_watch is not None:
         controller.node_watch.start()
         if not controller.node_watch.wait_synced(600):
@@ -324,6 +364,9 @@ def child(url: str, watch: bool, agent_s: float = 0.0) -> None:
                 if time.perf_counter() - t0 > 120:
                     raise SystemExit("the node watch did not catch up within 120 s")
                 time.sleep(0.005)
+            pods = controller.pods.watch
+            if pods is not None and pods.started and not pods.wait_synced(600):
+                raise SystemExit("the pods watch did not list the pods within 600 s")
             print(json.dumps({"synced_s": time.perf_counter() - t0}), flush=True)
         elif command == "reset":
             print(json.dumps({"reset": reset_peak()}), flush=True)
@@ -426,11 +469,12 @@ def run_size(
     write_latency: float = 0.0,
     watch: bool = True,
     agent_ms: float = 0.0,
+    pods_per_node: int = 0,
 ) -> dict[str, Any]:
     from tools.support.fake_apiserver import FakeApiServer, _parse_path
 
     t0 = time.perf_counter()
-    objects = build(nodes, datasets, held)
+    objects = build(nodes, datasets, held, pods_per_node=pods_per_node)
     rng = random.Random(nodes)
     with FakeApiServer(list_cache=True, write_latency=write_latency) as api:
         for kind in ("nodes", "nodecaches", "pods", "datasets"):
@@ -441,7 +485,7 @@ def run_size(
         api.store.log.clear()  # the watches start from a list made after this
 
         def prime() -> None:  # as the controller lists them: from the watch cache (resourceVersion=0)
-            for path in ("/api/v1/nodes", "/apis/dsagent.io/v1alpha1/nodecaches"):
+            for path in ("/api/v1/nodes", "/apis/dsagent.io/v1alpha1/nodecaches", "/api/v1/pods"):
                 api.list_bytes(_parse_path(path), {"resourceVersion": "0"})
 
         prime()
@@ -488,6 +532,7 @@ def main() -> None:
     parser.add_argument("--nodes", default="1000,5000,15000", help="comma-separated cluster sizes")
     parser.add_argument("--datasets", type=int, default=1000, help="Datasets in the cluster (M)")
     parser.add_argument("--held", type=int, default=12, help="datasets each node's inventory lists")
+    parser.add_argument("--pods-per-node", type=int, default=6, help="running training pods on each node")
     parser.add_argument("--repeat", type=int, default=3, help="timed passes per size")
     parser.add_argument("--churn", type=float, default=0.01, help="fraction of inventories changed before a pass")
     parser.add_argument(
@@ -517,6 +562,7 @@ def main() -> None:
             "nodes": sizes,
             "datasets": opts.datasets,
             "held_per_node": opts.held,
+            "pods_per_node": opts.pods_per_node,
             "repeat": opts.repeat,
             "churn": opts.churn,
             "api_write_ms": opts.api_write_ms,
@@ -545,11 +591,11 @@ def main() -> None:
     results, listing = {}, {}
     with tempfile.TemporaryDirectory(dir=opts.workdir):
         for size in sizes:
-            # the baseline first: the same cluster with the Nodes listed every pass, as before the watch
+            # the baseline first: the same cluster with the Nodes and pods listed every pass, as without the watches
             for watch in (False, True):
                 result = run_size(
                     size, opts.datasets, opts.held, opts.repeat, opts.churn, opts.profile, opts.api_write_ms / 1000,
-                    watch=watch, agent_ms=opts.agent_ms,
+                    watch=watch, agent_ms=opts.agent_ms, pods_per_node=opts.pods_per_node,
                 )  # fmt: skip
                 (results if watch else listing)[size] = result
                 mode = "watch" if watch else "list"
@@ -559,15 +605,20 @@ def main() -> None:
                     f"{result['agent_calls']:>12} {load():>6}",
                     flush=True,
                 )
-                record_size(record, result, size, opts.datasets, added, "" if watch else " (Nodes listed every pass)")
+                record_size(
+                    record, result, size, opts.datasets, added, "" if watch else " (Nodes and pods listed every pass)"
+                )
             faster = listing[size]["pass_s_median"] / results[size]["pass_s_median"]
             record.ratio(
-                f"controller pass at {size:,} nodes: Nodes listed every pass / watched",
+                f"controller pass at {size:,} nodes: Nodes and pods listed every pass / watched",
                 faster,
                 None,
                 f"{listing[size]['pass_s_median']:.3f} s / {results[size]['pass_s_median']:.3f} s; load {load()}",
             )
-            print(f"# at {size} nodes a pass with the Nodes watched is {faster:.2f}x one listing them", flush=True)
+            print(
+                f"# at {size} nodes a pass with the Nodes and pods watched is {faster:.2f}x one listing them",
+                flush=True,
+            )
     if 5000 in results:
         five = results[5000]
         record.ratio(

@@ -64,14 +64,17 @@ them all.
 """,
     "controller": """`tools/bench/controller.py`: one `DatasetController.reconcile_all` in a process of its
 own against a fake API server serving its lists from memory, over N Nodes, N `NodeCache`
-inventories (12 datasets each), N agent pods and 1,000 Datasets in four namespaces (one in
-20 with warm-up, one in 20 with replicas, one in 20 striped), agents answering at once (every agent call
-counted would be an HTTP request in a cluster). Each size runs twice: with the Nodes and
-NodeCaches listed every pass (the baseline) and kept by list+watch (the default; a pass
-starts once the watch has the changes). The pass time is the median of the timed
-passes (1% of inventories changed before each); the peak RSS is the controller process's
-`VmHWM` over them (interpreter and imports included). The bytes added to a Node are what
-this release's agent writes on it (free-GPU annotation, device-plugin labels, RoCE-class
+inventories (12 datasets each), N agent pods, 6 running training pods a node (as the API
+server holds them: managed fields, container statuses; every other one names a Dataset)
+and 1,000 Datasets in four namespaces (one in 20 with warm-up, one in 20 with replicas,
+one in 20 striped: those make every pass read every pod), agents answering at once (every
+agent call counted would be an HTTP request in a cluster). Each size runs twice: with the
+Nodes, NodeCaches and pods listed every pass (the baseline) and kept by list+watch (the
+default; the pods' watch started by the first pass; a pass starts once the watches have
+the changes). The pass time is the median of the timed passes (1% of inventories changed
+before each); the peak RSS is the controller process's `VmHWM` over them (interpreter and
+imports included). The bytes added to a Node are what this release's agent writes on it
+(free-GPU and follow-up annotations at their longest, device-plugin labels, RoCE-class
 condition, class resources). Ratios: the goal over the measured figure.
 """,
     "webhook": """`tools/bench/webhook.py`: the webhook's class policy (`auto`) admitting multi-worker

@@ -216,3 +216,78 @@ def test_once_its_node_watch_has_listed_a_pass_lists_no_node_and_reads_each_chan
         assert listing.metrics.node_reads.counter.labels(source="list")._value.get() == 1
     finally:
         watch.stop()
+
+
+def test_the_first_pass_that_reads_every_pod_starts_their_watch_and_no_pass_lists_them(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    """Every pod kept by list+watch (dsagent/kube/podswatch.py), started by the first pass
+    that reads them all (a replicated Dataset counts its readers), which reads its first
+    list: every pass reads the watch, as a pass that lists them would, with each change
+    made between two passes."""
+    agent_nodes(apiserver)
+    ds = make_dataset("speech", namespace="ml", status={"digest": DIGESTS[0], "files": 1, "bytes": 1000})
+    ds["spec"]["replicas"] = "auto"
+    apiserver.create(ds)
+    apiserver.create(make_pod("reader-1", namespace="ml", annotations={"dsagent.io/datasets": "speech"}))
+    ctl = controller(api_client, Clock())
+    watch = ctl.pods.watch
+    assert watch is not None and not watch.started  # on by default, started by the first pass that needs it
+    ctl.pods.start_watch = True
+    try:
+        ctl.reconcile_all()  # starts the watch, and reads its first list
+        assert watch.started and watch.synced
+        assert apiserver.get("datasets", "speech", "ml")["status"]["replicas"]["demand"] == 1
+
+        def lists() -> int:
+            return len(
+                [
+                    r
+                    for r in apiserver.requests_matching("GET", "/api/v1/pods", watch=False)
+                    if not r.query.get("fieldSelector")
+                ]
+            )
+
+        listed = lists()
+        apiserver.create(make_pod("reader-2", namespace="ml", annotations={"dsagent.io/datasets": "speech"}))
+        apiserver.wait_for(lambda: len(watch.pods()) == 6, what="the new pod in the watch")
+        ctl.reconcile_all()
+        assert apiserver.get("datasets", "speech", "ml")["status"]["replicas"]["demand"] == 2
+        apiserver.delete("pods", "reader-1", namespace="ml")
+        apiserver.wait_for(lambda: len(watch.pods()) == 5, what="the deleted pod gone from the watch")
+        ctl.reconcile_all()
+        assert apiserver.get("datasets", "speech", "ml")["status"]["replicas"]["demand"] == 1
+        assert lists() == listed  # none listed since the watch listed them
+        reads = ctl.metrics.pod_reads.counter
+        assert (reads.labels(source="list")._value.get(), reads.labels(source="watch")._value.get()) == (0, 3)
+    finally:
+        watch.stop()
+
+
+def test_a_watched_pod_keeps_what_the_controller_reads_and_drops_the_rest() -> None:
+    from dsagent.kube.podswatch import slim
+
+    pod = make_pod("p", namespace="ml", node_name="gpu-1", gpus=2, annotations={"dsagent.io/datasets": "d"})
+    pod["metadata"]["annotations"]["kubectl.kubernetes.io/last-applied-configuration"] = "{" + "x" * 5000 + "}"
+    pod["metadata"]["managedFields"] = [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]
+    pod["metadata"]["ownerReferences"] = [{"kind": "Job", "name": "train", "uid": "u", "controller": True}]
+    pod["spec"]["volumes"] = [{"name": "data", "emptyDir": {}}]
+    pod["spec"]["schedulingGates"] = [{"name": "dsagent.io/deadline-plan"}]
+    pod["spec"]["initContainers"] = [{"name": "dsctl", "image": "x", "restartPolicy": "Always", "resources": {}}]
+    pod["status"].update(containerStatuses=[{"name": "train", "ready": True}], podIP="10.0.0.1", startTime="t")
+    kept = slim(pod)
+    assert set(kept["metadata"]) >= {"name", "namespace", "annotations", "ownerReferences"}
+    assert "managedFields" not in kept["metadata"] and "volumes" not in kept["spec"]
+    assert kept["metadata"]["annotations"] == {"dsagent.io/datasets": "d"}  # kubectl's copy of the pod dropped
+    assert kept["spec"]["containers"] == [{"name": "train", "resources": pod["spec"]["containers"][0]["resources"]}]
+    assert kept["spec"]["initContainers"] == [{"name": "dsctl", "restartPolicy": "Always", "resources": {}}]
+    assert kept["spec"]["nodeName"] == "gpu-1" and kept["spec"]["schedulingGates"] == pod["spec"]["schedulingGates"]
+    assert kept["status"] == {"phase": "Pending", "podIP": "10.0.0.1", "startTime": "t"}
+    assert "managedFields" in pod["metadata"] and "command" in pod["spec"]["containers"][0]  # the pod as sent
+    assert slim("not a pod") == "not a pod"
+    # what the controller reads of it is the same
+    from dsagent.controller import podfacts
+    from dsplatform.gpus import pod_gpus
+
+    assert pod_gpus(kept["spec"]) == pod_gpus(pod["spec"]) == 2
+    assert podfacts.pods_by_dataset([kept]).keys() == podfacts.pods_by_dataset([pod]).keys()
