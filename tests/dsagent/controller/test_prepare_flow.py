@@ -50,6 +50,15 @@ def _counter(text: str, name: str) -> float:
     return 0.0
 
 
+def packed_datasets(apiserver: FakeApiServer, store: Path, sources: dict[str, Path]) -> None:
+    """Each source packed into ``store`` and its Dataset created in ``ml``, with its packed status."""
+    for name, source in sources.items():
+        pack(source, store, name=name, max_files=2)
+        manifest = read_manifest(str(store), name)
+        status = {"digest": manifest.digest, "bytes": manifest.total_bytes}
+        apiserver.create(make_dataset(name, namespace="ml", source=str(source), bundles=str(store), status=status))
+
+
 def ctl_for(api_client: Any, clock: Clock, port: int) -> DatasetController:
     settings = ControllerSettings(
         namespace=NS,
@@ -83,11 +92,7 @@ def test_the_controller_prepares_the_next_pods_data_on_its_node_and_releases_it_
         apiserver.create(running_pod("ending-soon", now - 1000, "1500s"))
         apiserver.create(running_pod("ending-later", now - 100, "1600s"))
         store = tmp_path / "nfs" / "store"
-        for name, source in (("speech", speech), ("vision", vision)):
-            pack(source, store, name=name, max_files=2)
-            manifest = read_manifest(str(store), name)
-            status = {"digest": manifest.digest, "bytes": manifest.total_bytes}
-            apiserver.create(make_dataset(name, namespace="ml", source=str(source), bundles=str(store), status=status))
+        packed_datasets(apiserver, store, {"speech": speech, "vision": vision})
         waiting = {}
         for name, dataset in (("w1", "speech"), ("w2", "vision")):
             pod = make_pod(name, namespace="ml", gpus=4, annotations={"dsagent.io/datasets": dataset})

@@ -18,13 +18,12 @@ from dsagent.cache.prepared import prepare_task_id
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.reconcile import DatasetController
 from dsagent.errors import NotFound
-from dsagent.format.bundles.bundle import pack
-from dsagent.format.manifest import read_manifest
 from dsplatform.published import FOLLOW_UPS
 from tests.clock import Clock
 from tests.dsagent.controller.test_controller import NS, agent_pod, inventory, write_source
 from tests.dsagent.controller.test_next_job_sources import owned
-from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
+from tests.dsagent.controller.test_prepare_flow import packed_datasets
+from tools.support.fake_apiserver import FakeApiServer, make_node, make_pod
 from tools.support.harness import ADMIN_TOKEN, AgentProcess
 
 pytestmark = pytest.mark.slow
@@ -50,12 +49,7 @@ def test_a_default_controller_prepares_the_follower_a_running_pod_names_and_noth
         current = make_pod("train-a-0", namespace="ml", node_name="gpu-1", gpus=8, phase="Running")
         current["metadata"]["annotations"] = {"dsagent.io/next-job": "train-b", "dsagent.io/progress": "3/4"}
         apiserver.create(current)
-        store = tmp_path / "nfs" / "store"
-        for name, source in (("speech", speech), ("vision", vision)):
-            pack(source, store, name=name, max_files=2)
-            manifest = read_manifest(str(store), name)
-            status = {"digest": manifest.digest, "bytes": manifest.total_bytes}
-            apiserver.create(make_dataset(name, namespace="ml", source=str(source), bundles=str(store), status=status))
+        packed_datasets(apiserver, tmp_path / "nfs" / "store", {"speech": speech, "vision": vision})
         follower = owned(make_pod("train-b-0", namespace="ml", gpus=8), "Job", "train-b", "u-b")
         follower["metadata"]["annotations"] = {"dsagent.io/datasets": "speech"}
         follower_uid = apiserver.create(follower)["metadata"]["uid"]
