@@ -291,3 +291,26 @@ def test_a_watched_pod_keeps_what_the_controller_reads_and_drops_the_rest() -> N
 
     assert pod_gpus(kept["spec"]) == pod_gpus(pod["spec"]) == 2
     assert podfacts.pods_by_dataset([kept]).keys() == podfacts.pods_by_dataset([pod]).keys()
+
+
+def test_the_controller_process_lets_its_first_pass_that_reads_every_pod_start_their_watch(
+    apiserver: FakeApiServer, api_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from dsagent.controller import reconcile
+    from dsagent.kube import apiclient
+
+    started: list[Any] = []
+    monkeypatch.setattr(apiclient, "load", lambda: api_client)
+    monkeypatch.setattr(reconcile.DatasetController, "run_forever", lambda self: started.append(self))
+    for name in list(os.environ):
+        if name.startswith("DSAGENT_CONTROLLER_"):
+            monkeypatch.delenv(name)
+    reconcile._run_controller()
+    (ctl,) = started
+    try:
+        assert ctl.pods.watch is not None and ctl.pods.start_watch and not ctl.pods.watch.started
+    finally:
+        if ctl.node_watch is not None:
+            ctl.node_watch.stop()
