@@ -386,8 +386,12 @@ class ClusterAgent:
         assert watch is not None
         while not watch.synced.is_set():  # polled, not waited on a thread: stop() cancels it
             await asyncio.sleep(0.1)
-        for uid, pod in watch.pods().items():
-            self._tell_reading(uid, datasets_read(pod))
+        for uid, pod in watch.pods().items():  # told once for all of them, not once a pod
+            names = datasets_read(pod)
+            if names:
+                self._reading[uid] = names
+            else:
+                self._reading.pop(uid, None)
         self.service.stripes.read_by(frozenset().union(*self._reading.values()))
         for task_id in await self.service.task_ids():
             if is_pod_uid(task_id) and not watch.has_pod(task_id):
