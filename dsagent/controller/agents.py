@@ -18,6 +18,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, TypeVar
 
 from dsagent.kube.apiclient import loads_list
@@ -68,19 +69,14 @@ def find_agents(core: Any, namespace: str, selector: str, port: int, timeout: fl
     return _agent_urls(pods, port)
 
 
-def every_pod(core: Any, timeout: float | None = None) -> list[JSON]:
-    """Every pod of the cluster, from the API server's watch cache (:data:`FROM_CACHE`)."""
-    items: list[JSON] = raw(
-        lambda **kw: core.list_pod_for_all_namespaces(resource_version=FROM_CACHE, **kw), timeout=timeout
-    )["items"]
-    return items
-
-
-def pods_of(core: Any, namespace: str, timeout: float | None = None) -> list[JSON]:
-    """The pods of one namespace, from the API server's watch cache (:data:`FROM_CACHE`)."""
-    items: list[JSON] = raw(
-        lambda **kw: core.list_namespaced_pod(namespace, resource_version=FROM_CACHE, **kw), timeout=timeout
-    )["items"]
+def every_pod(core: Any, timeout: float | None = None, *, namespace: str | None = None) -> list[JSON]:
+    """Every pod of the cluster, or of ``namespace``, from the API server's watch cache
+    (:data:`FROM_CACHE`)."""
+    if namespace is None:
+        list_fn = core.list_pod_for_all_namespaces
+    else:
+        list_fn = partial(core.list_namespaced_pod, namespace)
+    items: list[JSON] = raw(lambda **kw: list_fn(resource_version=FROM_CACHE, **kw), timeout=timeout)["items"]
     return items
 
 

@@ -271,11 +271,8 @@ class DatasetController:
         self.gone_sweep.listed(keys)  # before any agent is asked to hold anything for them
         self._preparation = {}
         self._nodes_now = nodes
-        self.pods.next_pass()  # read at most once per pass, when something needs them
-        self._gpus_now = None  # likewise
         self._agent_urls = self._find_agents(datasets)
         self._by_dataset = self._reader.index(inventories)
-        self._forget_rankings()
         self.heap.read()
         if s.prepare is not None:
             self._preparation = self._prepare(s.prepare, nodes, inventories, datasets)
@@ -530,7 +527,7 @@ class DatasetController:
                 named_only=named_only,
                 listed=self.pods.listed,
                 every_pod=self.pods.all,
-                namespace_pods=lambda ns: agents.pods_of(self._core, ns, self._timeout),
+                namespace_pods=lambda ns: agents.every_pod(self._core, self._timeout, namespace=ns),
             )
             if pods is None:
                 return {}
