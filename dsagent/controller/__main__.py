@@ -1,5 +1,5 @@
 """``python -m dsagent.controller``: run the Dataset controller with settings from ``DSAGENT_CONTROLLER_*``."""
 
-from dsagent.controller.reconcile import main
+from dsagent.controller.process import main
 
 main()

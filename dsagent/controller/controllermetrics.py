@@ -1,7 +1,7 @@
 """The Dataset controller's metrics and its probe port.
 
 Who calls it: :class:`dsagent.controller.reconcile.DatasetController` counts into
-:class:`ControllerMetrics`; :func:`dsagent.controller.reconcile.main` serves them with
+:class:`ControllerMetrics`; :func:`dsagent.controller.process.main` serves them with
 :func:`serve_metrics` when ``DSAGENT_CONTROLLER_METRICS_PORT`` is set.
 """
 

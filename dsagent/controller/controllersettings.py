@@ -1,6 +1,6 @@
 """The Dataset controller's settings: ``DSAGENT_CONTROLLER_*`` (and the agents' admin token).
 
-Who reads it: :func:`dsagent.controller.reconcile.main` at start-up (``from_env``); tests
+Who reads it: :func:`dsagent.controller.process.main` at start-up (``from_env``); tests
 build it with keywords. Every feature's switch and presets live here, passed down as values.
 """
 

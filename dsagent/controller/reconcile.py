@@ -2,7 +2,7 @@
 and every ``Dataset``, and hands each concern its part (the package docstring,
 :mod:`dsagent.controller`, says what each owns).
 
-Who runs it: ``python -m dsagent.controller`` (:func:`main`); tests build
+Who runs it: ``python -m dsagent.controller`` (:func:`dsagent.controller.process.main`); tests build
 :class:`DatasetController` over the fake API server and call :meth:`~DatasetController.reconcile_all`.
 
 Per Dataset, each pass: ``status.readyNodes`` / ``status.readyNodeCount`` (the nodes whose
@@ -41,7 +41,7 @@ from typing import Any
 
 from dsagent.controller import agents, cachestate, podfacts
 from dsagent.controller.agents import FROM_CACHE, JSON, AgentCall
-from dsagent.controller.controllermetrics import ControllerMetrics, serve_metrics
+from dsagent.controller.controllermetrics import ControllerMetrics
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.copycounts import publish_copies
 from dsagent.controller.inventories import DatasetIndex, InventoryReader, parse_inventory
@@ -75,7 +75,6 @@ from dsagent.kube.events import EventRecorder, ObjectRef
 from dsagent.policy import copies, replication
 from dsagent.policy.preparation import Thresholds
 from dsplatform import published
-from dsplatform.errors import exit_on_error
 from dsplatform.kubetime import format_time
 from dsplatform.tenancy import acting_for
 
@@ -575,36 +574,4 @@ def _capacity(inventory: Mapping[str, Any]) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def main() -> None:  # pragma: no cover - the container's entry point
-    from dsagent.envsettings import AgentLogSettings
-    from dsplatform import logs
-
-    with exit_on_error("dsagent controller"):  # bad settings, no API server: one line and its exit code
-        from dsagent.controller.controllersettings import SETTINGS
-        from dsagent.kube.envnames import refuse_unknown
-
-        refuse_unknown(SETTINGS)
-        log_settings = AgentLogSettings.from_env()  # DSAGENT_LOG_LEVEL, _LOG_FORMAT (docs/design.md#logs)
-        # only once the settings are good: configure() replaces the root logger's handlers
-        logs.configure(log_settings.log_level, log_settings.log_format)
-        _run_controller()
-
-
-def _run_controller() -> None:
-    from dsagent.kube import apiclient
-
-    settings = ControllerSettings.from_env()
-    s = settings
-    log.info(
-        "Dataset controller %s starting (lease %s/%s, resync %.0f s)", s.identity, s.namespace, s.lease_name, s.resync_s
-    )
-    controller = DatasetController(apiclient.load(), settings)
-    if settings.metrics_port:
-        serve_metrics(settings.metrics_port, controller.metrics.registry)
-    if controller.node_watch is not None:
-        controller.node_watch.start()
-    controller.pods.start_watch = True
-    controller.run_forever()
-
-
-__all__ = ["CLEANUP_ANNOTATION", "INVENTORY_ANNOTATION", "DatasetController", "main", "parse_inventory"]
+__all__ = ["CLEANUP_ANNOTATION", "INVENTORY_ANNOTATION", "DatasetController", "parse_inventory"]

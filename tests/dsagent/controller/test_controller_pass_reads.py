@@ -298,16 +298,17 @@ def test_the_controller_process_lets_its_first_pass_that_reads_every_pod_start_t
 ) -> None:
     import os
 
-    from dsagent.controller import reconcile
+    from dsagent.controller import process
+    from dsagent.controller.reconcile import DatasetController
     from dsagent.kube import apiclient
 
     started: list[Any] = []
     monkeypatch.setattr(apiclient, "load", lambda: api_client)
-    monkeypatch.setattr(reconcile.DatasetController, "run_forever", lambda self: started.append(self))
+    monkeypatch.setattr(DatasetController, "run_forever", lambda self: started.append(self))
     for name in list(os.environ):
         if name.startswith("DSAGENT_CONTROLLER_"):
             monkeypatch.delenv(name)
-    reconcile._run_controller()
+    process._run_controller()
     (ctl,) = started
     try:
         assert ctl.pods.watch is not None and ctl.pods.start_watch and not ctl.pods.watch.started

@@ -13,7 +13,7 @@ import pytest
 
 from dsagent.cache.settings import Settings
 from dsagent.cli import platform_settings
-from dsagent.controller import controllersettings, reconcile
+from dsagent.controller import controllersettings, process
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.envsettings import AgentLogSettings
 from dsagent.errors import SettingsError
@@ -123,7 +123,7 @@ def test_dsagent_serve_refuses_an_unknown_variable(tmp_path: Path) -> None:
     ("main", "typo", "meant"),
     [
         (server.main, "DSAGENT_WEBHOOK_LISTN", "DSAGENT_WEBHOOK_LISTEN"),
-        (reconcile.main, "DSAGENT_CONTROLLER_MIGRAT", "DSAGENT_CONTROLLER_MIGRATE"),
+        (process.main, "DSAGENT_CONTROLLER_MIGRAT", "DSAGENT_CONTROLLER_MIGRATE"),
     ],
     ids=["webhook", "controller"],
 )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dsagent.controller import reconcile
+from dsagent.controller import process
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.errors import SettingsError
 from dsagent.policy.preparation import Thresholds
@@ -127,7 +127,7 @@ def test_the_controller_process_names_a_bad_variable_in_one_line_and_exits_2(
     monkeypatch.delenv("DSAGENT_EGRESS_ALLOW", raising=False)
     monkeypatch.setenv("DSAGENT_CONTROLLER_AGENT_PORT", "http")
     with pytest.raises(SystemExit) as caught:
-        reconcile.main()
+        process.main()
     assert caught.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "DSAGENT_CONTROLLER_AGENT_PORT='http'" in err, err
