@@ -289,13 +289,18 @@ class ClusterAgent:
     def _tell_reading(self, uid: str, names: frozenset[tuple[str, str]]) -> None:
         """The stripe shares the node's running pods read from local disk are in use: an
         eviction leaves them, and they age for its LRU order only once those pods end."""
+        if self._note_reading(uid, names):
+            self.service.stripes.read_by(frozenset().union(*self._reading.values()))
+
+    def _note_reading(self, uid: str, names: frozenset[tuple[str, str]]) -> bool:
+        """Record the Datasets pod ``uid`` reads (none: it reads nothing); True when that changed."""
         if self._reading.get(uid, frozenset()) == names:
-            return
+            return False
         if names:
             self._reading[uid] = names
         else:
             self._reading.pop(uid, None)
-        self.service.stripes.read_by(frozenset().union(*self._reading.values()))
+        return True
 
     async def _requests_for(self, pod: Mapping[str, Any]) -> list[DatasetRequest] | None:
         init = init_container(pod)
@@ -387,11 +392,7 @@ class ClusterAgent:
         while not watch.synced.is_set():  # polled, not waited on a thread: stop() cancels it
             await asyncio.sleep(0.1)
         for uid, pod in watch.pods().items():  # told once for all of them, not once a pod
-            names = datasets_read(pod)
-            if names:
-                self._reading[uid] = names
-            else:
-                self._reading.pop(uid, None)
+            self._note_reading(uid, datasets_read(pod))
         self.service.stripes.read_by(frozenset().union(*self._reading.values()))
         for task_id in await self.service.task_ids():
             if is_pod_uid(task_id) and not watch.has_pod(task_id):
