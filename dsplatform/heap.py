@@ -1,4 +1,4 @@
-"""The cyclic garbage collector paused while a large document is parsed.
+"""The process heap: the collector paused around a large parse, stream chunks' memory kept.
 
 Who calls it: the parses that build hundreds of thousands of containers in one go: a
 Kubernetes list (:func:`dsagent.kube.apiclient.loads_list`), a dataset's manifest
@@ -19,13 +19,38 @@ parse).
 The collector is process-wide: while one thread parses, the other threads' garbage
 cycles wait for it too (a parse takes at most a fraction of a second). Its state is
 restored after: where it was off (an embedding that turned it off), it stays off.
+
+**Stream chunks and glibc's malloc** (:func:`keep_stream_chunks`, called once at the start
+of ``dsctl`` and ``dsagent``). A bundle's stream moves through the process in chunks of
+about 1 MiB, each a new ``bytes`` freed soon after (a decompressed chunk, a compressed
+frame, a read of the store). glibc serves an allocation that size from ``mmap`` and, once
+its dynamic threshold has risen, from a thread's heap, whose top it hands back to the
+kernel whenever more than twice that threshold is free there. Either way the next chunk's
+pages are faulted in and zeroed again: decompressing a 735 MB bundle took 52,000 page
+faults and 0.45 s on the 2-core development machine; with the mmap threshold fixed at
+4 MiB and the trim threshold at 8 MiB, 150 faults and 0.28 s (the whole ``dsctl unpack``
+of it: 10,500 faults instead of 59,000). Where page faults are dear (a virtual machine's
+first touch of a page) that is most of the gap between ``dsctl`` and the same work in a
+warm process. The price: each malloc arena may keep up to 8 MiB free at its top rather
+than returning it. A threshold the operator set (``MALLOC_MMAP_THRESHOLD_``,
+``MALLOC_TRIM_THRESHOLD_``, ``GLIBC_TUNABLES``) is left as it is, and on a C library
+without ``mallopt`` (musl) nothing changes.
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+
+#: glibc's malloc.h: ``M_TRIM_THRESHOLD`` and ``M_MMAP_THRESHOLD``
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+#: allocations below this come from the heap, not from a mapping of their own
+STREAM_MMAP_THRESHOLD = 4 << 20
+#: free memory a heap's top may keep before it is handed back
+STREAM_TRIM_THRESHOLD = 8 << 20
+_OPERATOR_SET = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 
 @contextmanager
@@ -40,4 +65,27 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-__all__ = ["collector_paused"]
+def keep_stream_chunks(environ: Mapping[str, str]) -> bool:
+    """Fix glibc's mmap and trim thresholds for stream chunks (module docstring); True if set.
+
+    Not set where the operator set either (their variables, or ``glibc.malloc`` in
+    ``GLIBC_TUNABLES``, read from the process's ``environ`` its edge passes), off Linux, or
+    where the C library has no ``mallopt``."""
+    if not sys.platform.startswith("linux"):
+        return False
+    if any(name in environ for name in _OPERATOR_SET) or "glibc.malloc." in environ.get("GLIBC_TUNABLES", ""):
+        return False
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    # the mmap threshold first: fixing it stops glibc moving both thresholds on its own
+    return bool(mallopt(_M_MMAP_THRESHOLD, STREAM_MMAP_THRESHOLD)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, STREAM_TRIM_THRESHOLD)
+    )
+
+
+__all__ = ["STREAM_MMAP_THRESHOLD", "STREAM_TRIM_THRESHOLD", "collector_paused", "keep_stream_chunks"]

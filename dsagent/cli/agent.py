@@ -8,6 +8,7 @@ which binds, serves and stops. Errors become one line and an exit code at :func:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -15,6 +16,7 @@ import click
 from dsagent.cache.settings import Settings
 from dsagent.cli.group import version_option
 from dsagent.nodeagent.serve import refuse_unknown_settings, run
+from dsplatform.heap import keep_stream_chunks
 from dsplatform.logs import LOG_FORMATS, LOG_LEVELS
 
 
@@ -100,6 +102,7 @@ def serve(
         log_format=log_format,
         access_log=access_log,
     )
+    keep_stream_chunks(os.environ)  # the fetches and unpacks stream bundles in 1 MiB chunks (dsplatform.heap)
     run(settings)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import platform
+import sys
 
 import pytest
 
@@ -47,3 +49,60 @@ def test_a_manifest_is_parsed_with_the_collector_off(monkeypatch: pytest.MonkeyP
     assert decode_manifest(made.to_bytes()).digest == made.digest
     assert seen and not any(seen)
     assert gc.isenabled()
+
+
+CHURN = """
+import os, random, resource, sys, threading
+from dsplatform.heap import keep_stream_chunks
+kept = keep_stream_chunks(os.environ) if sys.argv[1] == "kept" else False
+def churn(out):
+    rng, held = random.Random(1), []
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(300):  # stream chunks of 0.5-1 MiB, two held at a time, on a thread of their own
+        held.append(b"x" * rng.randrange(512 << 10, 1 << 20))
+        if len(held) > 2:
+            held.pop(0)
+    out.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+out = []
+thread = threading.Thread(target=churn, args=(out,))
+thread.start()
+thread.join()
+print(kept, out[0])
+"""
+
+
+def _churn(mode: str, **env: str) -> tuple[bool, int]:
+    import os
+    import subprocess
+    import sys
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    done = subprocess.run(
+        [sys.executable, "-c", CHURN, mode], env={**clean, **env}, capture_output=True, text=True, check=True
+    )
+    kept, faults = done.stdout.split()
+    return kept == "True", int(faults)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
+def test_stream_chunks_stop_faulting_pages_in_once_the_thresholds_are_fixed() -> None:
+    plain_kept, plain = _churn("plain")
+    kept, faults = _churn("kept")
+    assert (plain_kept, kept) == (False, True)
+    if plain < 3000:
+        pytest.skip(f"this kernel faulted {plain} pages for 300 chunks: pages are not faulted in one by one here")
+    assert faults * 3 < plain, (faults, plain)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"MALLOC_TRIM_THRESHOLD_": "131072"},
+        {"MALLOC_MMAP_THRESHOLD_": "131072"},
+        {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=131072"},
+    ],
+)
+def test_thresholds_the_operator_set_are_left_alone(env: dict[str, str]) -> None:
+    kept, _ = _churn("kept", **env)
+    assert not kept

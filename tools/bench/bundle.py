@@ -69,7 +69,7 @@ sys.path.insert(0, str(ROOT))
 from dsagent.format import native  # noqa: E402
 from dsagent.format.bundles.bundle import pack_dataset, unpack  # noqa: E402
 from dsagent.format.digester import build_manifest  # noqa: E402
-from dsplatform.heap import collector_paused  # noqa: E402
+from dsplatform.heap import collector_paused, keep_stream_chunks  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support.record import Record, filesystem  # noqa: E402
@@ -447,6 +447,7 @@ def main() -> None:
         args.files, args.classes, args.median_kb, args.repeat = 300, 10, 20, 1
     args.repeat = max(1, args.repeat)
     args.loops = loops_of(args.dsctl)
+    keep_stream_chunks(os.environ)  # the in-process side's heap as dsctl's (dsplatform.heap)
     cpus = os.cpu_count() or 1
     record = Record(
         "bundle",
