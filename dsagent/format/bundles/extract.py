@@ -77,6 +77,8 @@ from dsagent.format.tarstream import FrameReader, iter_members, read_data, tar_b
 from dsagent.format.verify import verify_tree
 
 STAGING_DIR = ".dsagent-staging"
+#: the most threads decoding one bundle's frames (:func:`frame_decoders`)
+FRAME_DECODERS_MAX = 8
 #: Unpack pipeline: decompressed chunks (of about ``CHUNK_SIZE``) a bundle's reader thread may
 #: hold ahead of the thread that parses, hashes and writes the files.
 UNPACK_AHEAD = 2
@@ -85,7 +87,15 @@ _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
 #: errors of a rename into the target that mean something is in the way there (a conflict)
 _IN_THE_WAY = (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR)
 
-__all__ = ["STAGING_DIR", "create_empty_directories", "unpack", "unpack_bundle", "unpack_bundle_stream", "verify_tree"]
+__all__ = [
+    "STAGING_DIR",
+    "create_empty_directories",
+    "frame_decoders",
+    "unpack",
+    "unpack_bundle",
+    "unpack_bundle_stream",
+    "verify_tree",
+]
 
 
 # --------------------------------------------------------------------------- member checks
@@ -173,14 +183,14 @@ def _write_member(chunks: Iterator[memoryview], fd: int, entry: FileEntry, what:
 
 def _extract_stream(
     raw: IO[bytes], members: EntryTable, bundle: BundleRef, staging: _Staging, progress: Progress | None,
-    native: bool,
+    native: bool, decoders: int = 0,
 ) -> None:  # fmt: skip
     what = f"bundle {bundle.digest}"
     # from the columns: an entry is built as a FileEntry only when its member arrives
     expected = {path: i for i, path in enumerate(members.paths)}
     seen: set[str] = set()
     bound = tar_bound(zip(members.sizes, (len(p.encode("utf-8", "surrogateescape")) for p in members.paths)))
-    with FrameReader(raw, what, limit=bound, ahead=UNPACK_AHEAD, frames=True) as reader:
+    with FrameReader(raw, what, limit=bound, ahead=UNPACK_AHEAD, frames=True, decoders=decoders) as reader:
         loop = _Members(reader, members, bundle, staging, progress, expected, seen)
         if native:
             loop.native()
@@ -319,6 +329,7 @@ def unpack_bundle(
     durable: bool = True,
     native: bool | None = None,
     in_place: bool = False,
+    decoders: int = 0,
 ) -> None:
     """Extract one bundle's files into the existing directory ``dest_dir``, verified.
 
@@ -340,8 +351,9 @@ def unpack_bundle(
             raw = open_one_version(fs, bundle_path(root, bundle.digest), size=bundle.compressed_size)
         with raw:
             unpack_bundle_stream(
-                raw, manifest, bundle, dest_dir, progress=progress, durable=durable, native=native, in_place=in_place
-            )
+                raw, manifest, bundle, dest_dir, progress=progress, durable=durable, native=native, in_place=in_place,
+                decoders=decoders,
+            )  # fmt: skip
 
 
 def unpack_bundle_stream(
@@ -354,6 +366,7 @@ def unpack_bundle_stream(
     durable: bool = True,
     native: bool | None = None,
     in_place: bool = False,
+    decoders: int = 0,
 ) -> None:
     """:func:`unpack_bundle` from an already open stream of the bundle's bytes (a peer's
     response, read as it arrives): the same checks, the same all-or-nothing result.
@@ -364,7 +377,9 @@ def unpack_bundle_stream(
     :class:`RuntimeError` when it is not built. Both write the same files and raise the
     same errors. ``in_place`` writes each file at its path in ``dest_dir`` (no staging, no
     renames), for a caller whose ``dest_dir`` is a private stage it removes whole on any
-    error (:func:`unpack`): then an error leaves part of the bundle there."""
+    error (:func:`unpack`): then an error leaves part of the bundle there. ``decoders``:
+    threads that decode the bundle's frames ahead of the member loop (0: the one reading
+    thread; :func:`frame_decoders`)."""
     native = native_loops.chosen(native)
     dest = Path(dest_dir)
     if not dest.is_dir():
@@ -376,7 +391,7 @@ def unpack_bundle_stream(
         since = writeback.mark()
     try:
         with _local_writes(dest):  # errors writing the target are not the source's
-            _extract_stream(raw, members, bundle, staging, progress, native)
+            _extract_stream(raw, members, bundle, staging, progress, native, decoders)
             if not in_place:
                 _publish(staging, dest, members, durable)
             elif durable:
@@ -385,6 +400,14 @@ def unpack_bundle_stream(
                 writeback.check(since)  # a background flush's error is not the last syncfs's
     finally:
         staging.remove()
+
+
+def frame_decoders(at_once: int) -> int:
+    """Threads to decode the frames of each of ``at_once`` bundles unpacked together: the
+    cores left beside their member loops and readers, at most :data:`FRAME_DECODERS_MAX`;
+    0 (one reading thread decodes) where fewer than two are left."""
+    spare = (os.cpu_count() or 1) // max(1, at_once) - 2
+    return min(FRAME_DECODERS_MAX, spare) if spare >= 2 else 0
 
 
 def create_empty_directories(manifest: Manifest, dest_dir: str | os.PathLike[str]) -> None:
@@ -477,10 +500,11 @@ def _unpack_bundles(
     from dsagent.format.digestpool import can_fork
 
     if count <= 1 or len(manifest.bundles) <= 1:
+        decoders = frame_decoders(1)  # one bundle at a time: the spare cores decode its frames
         for bundle in manifest.bundles:
             unpack_bundle(
                 store, manifest, bundle, stage, storage_options=storage_options, progress=progress, durable=False,
-                native=native, in_place=True,
+                native=native, in_place=True, decoders=decoders,
             )  # fmt: skip
         return
     if can_fork():

@@ -1,0 +1,221 @@
+"""A bundle's frames decoded on threads (dsagent.format.tarstream, ``decoders``): the same
+bytes, the same errors and the same bounds as the one reading thread, on sound, foreign,
+cut, corrupt and hostile streams, and no thread left behind."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from dsagent.errors import IntegrityError
+from dsagent.format import tarstream
+from dsagent.format.bundles import extract
+from dsagent.format.bundles.bundle import pack, unpack_bundle
+from dsagent.format.manifest import bundle_path
+from dsagent.format.tarstream import FrameReader
+from tests.dsagent.conftest import write_tree
+
+DECODE_THREAD = "dsagent-unpack-decode"
+
+
+def _text(rng: random.Random, size: int) -> bytes:
+    words = [b"alpha", b"beta", b"gamma", b"delta", b"tensor", b"epoch", b"\n"]
+    out = bytearray()
+    while len(out) < size:
+        out += rng.choice(words) + b" "
+    return bytes(out[:size])
+
+
+def _files(seed: int = 3) -> dict[str, bytes]:
+    """Text (compressed frames) and random bytes (frames of raw blocks), over several 1 MiB frames."""
+    rng = random.Random(seed)
+    files = {f"a-text/t{i:03d}.txt": _text(rng, rng.randrange(1, 60_000)) for i in range(120)}
+    files |= {f"b-raw/r{i:03d}.bin": rng.randbytes(rng.randrange(0, 40_000)) for i in range(60)}
+    files |= {"b-raw/empty.bin": b"", "c-text/big.txt": _text(rng, 1_500_000)}
+    return files  # packed in path order: compressed frames first, then raw ones, then compressed
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    root = tmp_path_factory.mktemp("frames")
+    manifest = pack(write_tree(root / "src", _files()), root / "store", name="p", max_bytes=10**9)
+    assert len(manifest.bundles) == 1
+    return Path(bundle_path(str(root / "store"), manifest.bundles[0].digest)).read_bytes()
+
+
+class _Reads:
+    """A stream returning at most ``step`` bytes a read, as a network stream does."""
+
+    def __init__(self, data: bytes, step: int) -> None:
+        self._data, self._step, self._at = data, step, 0
+
+    def read(self, size: int = -1) -> bytes:
+        size = self._step if size < 0 else min(size, self._step)
+        out = self._data[self._at : self._at + size]
+        self._at += len(out)
+        return out
+
+
+def _read_all(data: bytes, decoders: int, *, limit: int | None = None, step: int = 1 << 20) -> bytes | str:
+    """What the reader yields, or the error it raises as ``Type: message``."""
+    out = bytearray()
+    try:
+        with FrameReader(_Reads(data, step), "bundle x", limit=limit, ahead=2, frames=True, decoders=decoders) as r:  # type: ignore[arg-type]
+            while view := r.read(1 << 20):
+                out += view
+    except IntegrityError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return bytes(out)
+
+
+def _same(data: bytes, **kw: object) -> bytes | str:
+    one = _read_all(data, 0, **kw)  # type: ignore[arg-type]
+    many = _read_all(data, 3, **kw)  # type: ignore[arg-type]
+    assert many == one
+    return one
+
+
+def _decode_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(DECODE_THREAD) and t.is_alive()]
+
+
+def test_a_bundle_reads_the_same_on_decoding_threads_and_uses_them(bundle: bytes) -> None:
+    expected = zstandard.ZstdDecompressor().stream_reader(bundle, read_across_frames=True).read()
+    assert _same(bundle) == expected
+    assert _same(bundle, step=4096) == expected  # frames cut across many small reads
+    seen: list[str] = []
+    real = tarstream._decode_whole
+
+    def watched(frame: list[memoryview]) -> bytes | None:
+        seen.append(threading.current_thread().name)
+        return real(frame)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tarstream, "_decode_whole", watched)
+        assert _read_all(bundle, 3) == expected
+    assert any(name.startswith(DECODE_THREAD) for name in seen)  # the text's frames went to the threads
+    assert any(not name.startswith(DECODE_THREAD) for name in seen)  # raw-block frames stayed
+    assert _decode_threads() == []
+
+
+def test_a_bundle_that_starts_with_raw_blocks_is_decoded_on_the_reading_thread(tmp_path: Path) -> None:
+    rng = random.Random(4)
+    files = {f"a/r{i:03d}.bin": rng.randbytes(30_000) for i in range(80)} | {"b/t.txt": _text(rng, 900_000)}
+    manifest = pack(write_tree(tmp_path / "src", files), tmp_path / "store", name="p", max_bytes=10**9)
+    data = Path(bundle_path(str(tmp_path / "store"), manifest.bundles[0].digest)).read_bytes()
+    cut: list[int] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tarstream, "_decode_whole", lambda frame: cut.append(1))  # a frame cut: a bug here
+        assert _read_all(data, 3) == _read_all(data, 0)
+    assert cut == []
+
+
+def test_frames_this_path_does_not_cut_go_to_the_one_thread_path_in_order(bundle: bytes) -> None:
+    rng = random.Random(5)
+    big_text = _text(rng, 3 << 20)  # one frame that decodes past a thread's bound
+    long_raw = rng.randbytes(5 << 20)  # one frame longer than the cutter holds
+    skippable = (0x184D2A50).to_bytes(4, "little") + (5).to_bytes(4, "little") + b"hello"
+    for stream in (
+        zstandard.compress(big_text) + bundle,
+        bundle + zstandard.compress(long_raw) + bundle,
+        bundle + skippable + bundle,
+        zstandard.ZstdCompressor(write_checksum=False, write_content_size=False).compress(big_text),
+    ):
+        result = _same(stream)
+        assert isinstance(result, bytes) and len(result) > 0
+
+
+@pytest.mark.parametrize("step", [1 << 20, 777])
+def test_a_cut_stream_fails_the_same_way_wherever_it_is_cut(bundle: bytes, step: int) -> None:
+    results = {_same(bundle[:cut], step=step) for cut in range(0, len(bundle), len(bundle) // 97 + 1)}
+    assert any(isinstance(r, str) and "truncated" in r for r in results)  # inside a frame
+    assert str(_same(b"")).startswith("IntegrityError: bundle x is truncated")
+
+
+def test_a_corrupt_byte_fails_the_same_way_wherever_it_is(bundle: bytes) -> None:
+    rng = random.Random(11)
+    failed = 0
+    for at in sorted(rng.sample(range(len(bundle)), 60)):
+        broken = bytearray(bundle)
+        broken[at] ^= 0x5A
+        result = _same(bytes(broken))
+        failed += isinstance(result, str)
+    assert failed  # a byte in a compressed block, a frame or block header, or a checksum
+
+
+def test_the_manifest_bound_holds_on_decoding_threads_too(bundle: bytes) -> None:
+    total = len(_same(bundle))  # type: ignore[arg-type]
+    assert _same(bundle, limit=total) != f"IntegrityError: bundle x decompresses to more than the {total} bytes"
+    message = _same(bundle, limit=total // 2)
+    assert isinstance(message, str) and f"more than the {total // 2} bytes its manifest allows" in message
+
+
+def test_a_frame_of_zeros_decodes_no_further_than_a_thread_may_hold() -> None:
+    bomb = zstandard.compress(bytes(512 << 20))  # half a GiB of zeros in a few hundred KB
+    result = _same(bomb, limit=8 << 20)
+    assert isinstance(result, str) and "more than the 8388608 bytes" in result
+
+
+def test_a_reader_stopped_early_ends_its_decoding_threads(bundle: bytes) -> None:
+    reader = FrameReader(_Reads(bundle, 1 << 20), "bundle x", ahead=2, frames=True, decoders=3)  # type: ignore[arg-type]
+    assert reader.read(1000)
+    reader.close()
+    assert _decode_threads() == []
+
+
+@pytest.mark.parametrize("native", [False, None])
+def test_unpacking_with_decoders_writes_the_same_verified_files(tmp_path: Path, native: bool | None) -> None:
+    files = _files(9)
+    manifest = pack(write_tree(tmp_path / "src", files), tmp_path / "store", name="p", max_bytes=10**9)
+    for decoders in (0, 3):
+        out = tmp_path / f"out{decoders}"
+        out.mkdir()
+        unpack_bundle(tmp_path / "store", manifest, manifest.bundles[0], out, native=native, decoders=decoders)
+        assert {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()} == files
+    assert _decode_threads() == []
+
+
+@pytest.mark.parametrize(
+    ("cpus", "at_once", "decoders"), [(1, 1, 0), (2, 1, 0), (4, 1, 2), (16, 1, 8), (64, 1, 8), (16, 4, 2), (16, 8, 0)]
+)
+def test_decoders_are_the_cores_left_beside_the_member_loops(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, at_once: int, decoders: int
+) -> None:
+    monkeypatch.setattr(extract.os, "cpu_count", lambda: cpus)
+    assert extract.frame_decoders(at_once) == decoders
+
+
+def test_unpack_of_one_bundle_gives_it_the_spare_cores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsagent.format.bundles.bundle import unpack
+
+    given: list[int] = []
+    real: Callable[..., None] = extract.unpack_bundle
+
+    def spy(*args: object, decoders: int = 0, **kwargs: object) -> None:
+        given.append(decoders)
+        real(*args, decoders=decoders, **kwargs)
+
+    monkeypatch.setattr(extract.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(extract, "unpack_bundle", spy)
+    files = _files(2)
+    pack(write_tree(tmp_path / "src", files), tmp_path / "store", name="p", max_bytes=10**9)
+    unpack(tmp_path / "store", name="p", dest=tmp_path / "out")
+    assert given == [8]
+
+
+def test_a_thread_decodes_one_frame_no_further_than_its_bound_in_pieces_or_whole() -> None:
+    rng = random.Random(8)
+    small, large = _text(rng, 1 << 20), _text(rng, tarstream.FRAME_DECODE_MAX + 1)
+    for data, whole in ((small, True), (large, False)):
+        frame = memoryview(zstandard.compress(data))
+        third = len(frame) // 3
+        for pieces in ([frame], [frame[:third], frame[third : 2 * third], frame[2 * third :]]):
+            assert tarstream._decode_whole(pieces) == (data if whole else None)
+    two = memoryview(zstandard.compress(small) + zstandard.compress(small))
+    assert tarstream._decode_whole([two]) is None  # bytes after the frame: not one whole frame
+    assert tarstream._decode_whole([memoryview(zstandard.compress(small))[:-3]]) is None  # cut
