@@ -53,7 +53,7 @@ from dsagent.cache.fetchranges import RangesUnsupported, range_plan, unpack_rang
 from dsagent.cache.progress import FetchProgress
 from dsagent.errors import InsufficientSpace, IntegrityError, InvalidInput, is_full_disk, local_write_error
 from dsagent.format.bundles.bundle import unpack_bundle
-from dsagent.format.bundles.extract import STAGING_DIR, create_empty_directories
+from dsagent.format.bundles.extract import STAGING_DIR, create_empty_directories, frame_decoders
 from dsagent.format.digester import REMOTE_WORKERS, is_local, mtime_ns
 from dsagent.format.durable import WritebackError, syncfs, writeback_for
 from dsagent.format.manifest import (
@@ -397,6 +397,7 @@ async def fetch_bundles(
 
     store = source.bundles
     bindable = can_bind(store)
+    decoders = frame_decoders(min(workers, len(todo)))  # the cores the bundles at once leave
 
     def from_store(bundle: BundleRef, lease: Lease) -> None:
         tries = [0]
@@ -428,6 +429,7 @@ async def fetch_bundles(
                     storage_options=bound_options(store, source.storage_options, address),
                     progress=count,
                     in_place=True,
+                    decoders=decoders,
                 )
             )
 

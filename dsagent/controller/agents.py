@@ -33,6 +33,7 @@ from dsplatform.wire.agenttask import task_request as wire_task_request
 log = logging.getLogger("dsagent.controller")
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 #: agents asked at a time where a pass asks several (each call waits out one node's round
 #: trip, so one slow or unreachable agent does not hold up the others for its timeout)
@@ -181,14 +182,15 @@ class AgentHttp:
             client.close()
 
 
-def on_each(call: Callable[[str], T], nodes: Sequence[str]) -> list[T]:
-    """``call(node)`` for every node of ``nodes``, :data:`AGENTS_AT_ONCE` at a time (one node is
-    asked inline, with no thread); the answers in ``nodes``' order. ``call`` must be
-    thread-safe where there are several, as the controller's :data:`AgentCall` is."""
-    if len(nodes) <= 1:
-        return [call(node) for node in nodes]
-    with ThreadPoolExecutor(min(AGENTS_AT_ONCE, len(nodes)), thread_name_prefix="agents") as pool:
-        return list(pool.map(call, nodes))
+def on_each(call: Callable[[K], T], items: Sequence[K]) -> list[T]:
+    """``call(item)`` for every item of ``items`` (a node, or a request for one),
+    :data:`AGENTS_AT_ONCE` at a time (one is asked inline, with no thread); the answers in
+    ``items``' order. ``call`` must be thread-safe where there are several, as the
+    controller's :data:`AgentCall` is."""
+    if len(items) <= 1:
+        return [call(item) for item in items]
+    with ThreadPoolExecutor(min(AGENTS_AT_ONCE, len(items)), thread_name_prefix="agents") as pool:
+        return list(pool.map(call, items))
 
 
 def task_request(name: str, spec: JSON) -> DatasetRequestBody:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from dsagent.controller.agents import JSON, AgentCall, task_request
+from dsagent.controller.agents import JSON, AgentCall, on_each, task_request
 from dsagent.controller.controllermetrics import ControllerMetrics
 from dsagent.controller.podfacts import node_states, running_pods, waiting_pods
 from dsagent.controller.queues import Queues, follow_up_namespaces, followers, queue_places
@@ -129,15 +129,19 @@ def prepare_pass(
     )
     out: dict[tuple[str, str], JSON] = {}
     fetching: set[tuple[str, str]] = set()
+    asks = []  # the phase each is asked in: charged to the ledger in the plan's order
     for prep in preps:
-        pod = pod_of[prep.job]
-        namespace = (pod.get("metadata") or {}).get("namespace") or "default"
+        namespace = (pod_of[prep.job].get("metadata") or {}).get("namespace") or "default"
         phase = prep.phase
         if phase == 2:
             size = sum(want.size_bytes for want in prep.datasets)
             if ledger is not None and not ledger.admitter(namespace, size)(prep.node):
                 phase = 1  # the namespace's share of the node (docs/operator-guide/tenancy.md)
-        state, agent_phase = _ask_to_prepare(agent_call, prep, phase, namespace, by_key, presets)
+        asks.append((prep, namespace, phase))
+    # the agents asked together (one node's round trip does not wait for another's)
+    answers = on_each(lambda ask: _ask_to_prepare(agent_call, ask[0], ask[2], ask[1], by_key, presets), asks)
+    for (prep, namespace, phase), (state, agent_phase) in zip(asks, answers):
+        pod = pod_of[prep.job]
         if phase < prep.phase and state != "skipped":
             state = "refused"
         if state != "skipped":
@@ -165,9 +169,9 @@ def prepare_pass(
                     "expectedStart": format_micro_time(prep.start),
                 }
             )
-    for uid, node in sorted(asked - fetching):  # cleanup: at once an eviction candidate
-        agent_call(node, "DELETE", preparation_path(uid), None, asked_for[(uid, node)])
-        metrics.preparation_releases.inc()
+    released = sorted(asked - fetching)  # cleanup: at once an eviction candidate
+    on_each(lambda gone: agent_call(gone[1], "DELETE", preparation_path(gone[0]), None, asked_for[gone]), released)
+    metrics.preparation_releases.inc(len(released))
     phases = [p["phase"] for entry in out.values() for p in entry["pods"]]
     metrics.preparations.labels(phase="1").set(phases.count(1))
     metrics.preparations.labels(phase="2").set(phases.count(2))

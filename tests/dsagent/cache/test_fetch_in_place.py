@@ -10,6 +10,8 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from dsagent.cache.fetch import Source, fetch_bundles
 from dsagent.cache.progress import FetchProgress
 from dsagent.format.bundles.bundle import pack, verify_tree
@@ -101,3 +103,25 @@ def test_get_task_with_wait_answers_when_the_work_ends_not_after_the_wait(tmp_pa
             assert time.monotonic() - again < 1  # no work left: answered at once
 
     asyncio.run(run())
+
+
+def test_a_fetch_gives_each_bundle_the_cores_the_bundles_at_once_leave(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dsagent.cache import fetch
+
+    store, manifest = _packed(tmp_path)
+    given: list[int] = []
+    real = fetch.unpack_bundle
+
+    def spy(*args: object, decoders: int = 0, **kwargs: object) -> None:
+        given.append(decoders)
+        real(*args, decoders=decoders, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(fetch, "unpack_bundle", spy)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    _fetch(store, manifest, staging, set())  # two bundles at once on 16 cores: 16 // 2 - 2 each
+    assert given == [6] * len(manifest.bundles)
+    verify_tree(staging, manifest)

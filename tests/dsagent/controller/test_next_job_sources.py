@@ -283,3 +283,48 @@ def test_a_pass_preparing_named_follow_ups_reads_the_pods_of_their_namespaces_on
     assert pods_to_prepare([make_node("a")], [ds], listed=None, **kw) == []  # released with no pod read
     assert pods_to_prepare([], [ds], listed=None, named_only=False, every_pod=lambda: already,
                            namespace_pods=namespace_pods) == already  # fmt: skip
+
+
+def test_the_agents_are_asked_to_prepare_and_release_together_each_answer_to_its_pod() -> None:
+    import threading
+    import time
+
+    nodes, pods, inventories = [], [], {}
+    for i in range(6):
+        nodes.append(make_node(f"gpu-{i}", annotations={"dsagent.io/free-gpus": ""}))
+        inventories[f"gpu-{i}"] = {"capacityBytes": 10_000 * GB, "datasets": {}}
+        current = make_pod(f"train-a{i}-0", namespace="ml", node_name=f"gpu-{i}", gpus=8, phase="Running")
+        current["metadata"]["annotations"] = {"dsagent.io/next-job": f"train-b{i}", "dsagent.io/progress": "3/4"}
+        follower = owned(make_pod(f"train-b{i}-0", namespace="ml", gpus=8), "Job", f"train-b{i}", f"u-b{i}")
+        follower["metadata"].update(uid=f"pod-b{i}", annotations={"dsagent.io/datasets": "d"})
+        pods += [current, follower]
+    ds = make_dataset(
+        "d", namespace="ml", source="s3://b/d", bundles="s3://b/store", status={"digest": DIGEST, "bytes": GB}
+    )
+    lock, now_in, most = threading.Lock(), [0], [0]
+
+    def agent_call(node_name: str, method: str, path: str, body: Any, who: str) -> tuple[int, Any]:
+        with lock:
+            now_in[0] += 1
+            most[0] = max(most[0], now_in[0])
+        time.sleep(0.05)  # a node's round trip
+        with lock:
+            now_in[0] -= 1
+        state = "fetching" if node_name.endswith(("0", "2", "4")) else "reserved"  # each node its own answer
+        return 200, {"task": path.rsplit("/", 1)[1], "phase": 2 if state == "fetching" else 1, "state": state}
+
+    presets = Thresholds(subtasks_remaining=2)
+    out = prepare_pass(nodes, inventories, [ds], presets, pods=pods, now=lambda: NOW,
+                       agent_call=agent_call, metrics=ControllerMetrics())  # fmt: skip
+    entries = {e["node"]: (e["uid"], e["state"]) for e in out[("ml", "d")]["pods"]}
+    assert entries == {f"gpu-{i}": (f"pod-b{i}", "fetching" if i % 2 == 0 else "reserved") for i in range(6)}
+    assert most[0] > 1  # not one node after another
+    ds["status"]["preparation"] = out[("ml", "d")]
+    for i in range(6):  # every follower bound: every preparation released, together
+        pods[2 * i + 1]["spec"]["nodeName"] = f"gpu-{i}"
+    most[0] = 0
+    metrics = ControllerMetrics()
+    prepare_pass(nodes, inventories, [ds], presets, pods=pods, now=lambda: NOW,
+                 agent_call=agent_call, metrics=metrics)  # fmt: skip
+    assert most[0] > 1
+    assert metrics.preparation_releases._value.get() == 6
