@@ -54,7 +54,7 @@ import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from dsagent.errors import IntegrityError, InvalidInput, NotFound
 from dsagent.format import native
@@ -334,19 +334,6 @@ MAX_HEADER_LINE = 16 << 20
 MAX_ENTRY_LINE = 64 << 10
 
 
-class _Prefixed:
-    """``stream`` with ``head`` put back in front of it (we peeked to see if a body exists)."""
-
-    def __init__(self, head: bytes, stream: IO[bytes]) -> None:
-        self._head, self._stream = head, stream
-
-    def read(self, size: int = -1) -> bytes:
-        if self._head:
-            head, self._head = self._head, b""
-            return head
-        return self._stream.read(size)
-
-
 def _entry_batches(reader: FrameReader, limit: int, name: str) -> Iterator[list[bytes]]:
     """The entry lines of a manifest body, a decompressed chunk's worth at a time; each line
     at most :data:`MAX_ENTRY_LINE` bytes, at most ``limit`` of them (the count its header
@@ -465,9 +452,9 @@ def read_manifest_stream(stream: IO[bytes], *, max_files: int | None = None) -> 
     first = rest or stream.read(1)
     if first:
         what = f"manifest {header.name!r}"
-        from dsagent.format.tarstream import FrameReader
+        from dsagent.format.tarstream import FrameReader, Prefixed
 
-        reader = FrameReader(_Prefixed(first, stream), what, limit=header.file_count * MAX_ENTRY_LINE)  # type: ignore[arg-type]
+        reader = FrameReader(cast(IO[bytes], Prefixed(first, stream)), what, limit=header.file_count * MAX_ENTRY_LINE)
         checks = _BodyChecks()
         try:
             for batch in _entry_batches(reader, header.file_count, header.name):

@@ -99,8 +99,8 @@ INPUT_PIECE = 64 << 10
 ZSTD_MAGIC = 0xFD2FB528
 _MAGIC_BYTES = ZSTD_MAGIC.to_bytes(4, "little")
 ZSTD_BLOCK_MAX = 128 << 10
-#: Frames cut ahead of the one being handed on, per decoder: each holds at most
-#: :data:`CHUNK_SIZE` decoded bytes, so the read-ahead holds at most this many MiB a decoder.
+#: Frames cut ahead of the one being handed on, per decoder: each yields at most
+#: :data:`FRAME_DECODE_MAX` bytes, so the decoders hold at most that many times as much.
 FRAMES_AHEAD = 2
 #: The longest frame cut whole: a longer one (not written by this project's packer, which
 #: starts a frame every 1 MiB of tar) and all after it are left to the one-thread path
@@ -248,7 +248,7 @@ class FrameReader:
             if rest:
                 pieces = [view for _, frame in ahead for view in frame]
                 ahead.clear()
-                self._raw = cast(IO[bytes], _Prefixed(b"".join([*pieces, *source.rest()]), self._raw))
+                self._raw = cast(IO[bytes], Prefixed(b"".join([*pieces, *source.rest()]), self._raw))
                 yield from _joined(self._decompressed())
         finally:
             for future, _ in ahead:
@@ -436,8 +436,9 @@ def _done(result: bytes | None) -> Future[bytes | None]:
     return future
 
 
-class _Prefixed(io.RawIOBase):
-    """``stream`` with ``head`` read first: what the frame cutter held and hands back."""
+class Prefixed(io.RawIOBase):
+    """``stream`` with ``head`` read first: bytes taken from it to look at, put back (the
+    frame cutter's, a manifest's first read)."""
 
     def __init__(self, head: bytes, stream: IO[bytes]) -> None:
         super().__init__()
