@@ -13,6 +13,7 @@ and byte counts, never more.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import weakref
@@ -180,6 +181,46 @@ class AgentHttp:
             if self._finalizer is not None:
                 self._finalizer.detach()
             client.close()
+
+
+#: one agent call's arguments, as :data:`AgentCall` takes them
+Request = tuple[str, str, str, "JSON | None", str]
+
+
+class PassCalls:
+    """A pass's :data:`AgentCall`: the requests it is known to repeat are sent together at its
+    start (:meth:`send`, :data:`AGENTS_AT_ONCE` at a time) and each answer is handed, once,
+    to the call that makes the very same request (node, method, path, body, acting-for);
+    any other call goes to the agent then.
+
+    Why: the Datasets are reconciled one after another (their choices and the namespaces'
+    charges follow that order), and each asked its nodes in turn, so a pass waited out one
+    round trip per Dataset with a warm-up or replicas. The renewals it repeats every pass
+    (:func:`dsagent.controller.warmup.renewals`) are idempotent, so sending them first
+    changes nothing an agent holds, only when: a node dropped this pass is renewed, then
+    released, in the same pass."""
+
+    def __init__(self, call: AgentCall) -> None:
+        self._call = call
+        self._answers: dict[tuple[str, str, str, str, str], tuple[int, Any] | None] = {}
+        self._lock = threading.Lock()
+
+    def send(self, requests: Sequence[Request]) -> None:
+        answers = on_each(lambda request: self._call(*request), requests)
+        with self._lock:
+            for request, answer in zip(requests, answers):
+                self._answers[_request_key(*request)] = answer
+
+    def __call__(self, node: str, method: str, path: str, body: JSON | None, who: str) -> tuple[int, Any] | None:
+        with self._lock:
+            key = _request_key(node, method, path, body, who)
+            if key in self._answers:
+                return self._answers.pop(key)
+        return self._call(node, method, path, body, who)
+
+
+def _request_key(node: str, method: str, path: str, body: JSON | None, who: str) -> tuple[str, str, str, str, str]:
+    return node, method, path, json.dumps(body, sort_keys=True, separators=(",", ":")), who
 
 
 def on_each(call: Callable[[K], T], items: Sequence[K]) -> list[T]:

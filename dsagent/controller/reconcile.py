@@ -40,7 +40,7 @@ from functools import partial
 from typing import Any
 
 from dsagent.controller import agents, cachestate, podfacts
-from dsagent.controller.agents import FROM_CACHE, JSON, AgentCall
+from dsagent.controller.agents import FROM_CACHE, JSON, AgentCall, PassCalls
 from dsagent.controller.controllermetrics import ControllerMetrics
 from dsagent.controller.controllersettings import ControllerSettings
 from dsagent.controller.copycounts import publish_copies
@@ -68,7 +68,7 @@ from dsagent.controller.striping import (
     stripe_status,
     striped_pass,
 )
-from dsagent.controller.warmup import WarmRanking, replica_rooms, replicas_status, warm_status
+from dsagent.controller.warmup import WarmRanking, renewals, replica_rooms, replicas_status, warm_status
 from dsagent.kube import nodestate, nodewatch, podswatch
 from dsagent.kube.datasets import GROUP, PLURAL, VERSION
 from dsagent.kube.events import EventRecorder, ObjectRef
@@ -120,6 +120,7 @@ class DatasetController:
         self.node_watch = watch  # started by the process (:func:`main`), not by a test's controller
         self._agents_http = agents.AgentHttp()  # one client for every agent call (made on first use)
         self.agent_call: AgentCall = agent_call if agent_call is not None else self._http_agent_call
+        self._calls: AgentCall = self.agent_call  # a pass's: its renewals sent first (agents.PassCalls)
         self._agent_urls: dict[str, str] = {}
         self._copies: copies.Tally | None = None  # the copy counts and keepers of the pass
         self._striped: StripedPass | None = None  # made once a pass, for its first striped Dataset
@@ -277,14 +278,23 @@ class DatasetController:
             self._preparation = self._prepare(s.prepare, nodes, inventories, datasets)
         reconciled = []  # the Datasets as this pass left them (a pack Job started now is Running)
         self.status_writes.begin()  # written on threads meanwhile, all of them before the pass goes on
-        for ds in datasets:
-            try:
-                patch = self.reconcile(ds, nodes, inventories)
-                reconciled.append({**ds, "status": {**(ds.get("status") or {}), **patch}})
-            except Exception:
-                self.metrics.datasets.labels(result="error").inc()
-                meta = ds.get("metadata") or {}
-                log.exception("reconciling Dataset %s/%s failed", meta.get("namespace"), meta.get("name"))
+        calls = PassCalls(self.agent_call)
+        try:
+            calls.send(renewals(datasets, self._agent_urls, self.clock()))
+        except Exception:  # sending them first is an optimisation: each Dataset still asks its own
+            log.exception("sending the pass's renewals together failed; each Dataset asks its agents in turn")
+        self._calls = calls
+        try:
+            for ds in datasets:
+                try:
+                    patch = self.reconcile(ds, nodes, inventories)
+                    reconciled.append({**ds, "status": {**(ds.get("status") or {}), **patch}})
+                except Exception:
+                    self.metrics.datasets.labels(result="error").inc()
+                    meta = ds.get("metadata") or {}
+                    log.exception("reconciling Dataset %s/%s failed", meta.get("namespace"), meta.get("name"))
+        finally:
+            self._calls = self.agent_call
         unwritten = self.status_writes.settle()
         for (namespace, name), error in unwritten.items():
             log.error("writing the status of Dataset %s/%s failed", namespace, name, exc_info=error)
@@ -341,7 +351,7 @@ class DatasetController:
                 previous,
                 nodes,
                 inventories,
-                agent_call=self.agent_call,
+                agent_call=self._calls,
                 agent_nodes=set(self._agent_urls),
                 now=self.clock(),
                 max_nodes=self.limits.warm_nodes,
@@ -365,7 +375,7 @@ class DatasetController:
                 mode,
                 ready,
                 inventories,
-                agent_call=self.agent_call,
+                agent_call=self._calls,
                 agent_nodes=set(self._agent_urls),
                 nodes=self._nodes_now,
                 pods=self.pods.all,
@@ -396,7 +406,7 @@ class DatasetController:
                 spec,
                 status,
                 inventories,
-                agent_call=self.agent_call,
+                agent_call=self._calls,
                 agent_urls=self._agent_urls,
                 who=acting_for(namespace, name),
                 job=job_nodes(self.pods.by_dataset().get((namespace, name), ()), namespace, name),
@@ -412,7 +422,7 @@ class DatasetController:
         request = (meta.get("annotations") or {}).get(CLEANUP_ANNOTATION)
         if isinstance(request, str) and request and request[:253] != (status.get("cleanup") or {}).get("request"):
             patch["cleanup"] = agents.cleanup(
-                self.agent_call, sorted(self._agent_urls), namespace, name, request[:253], self.clock()
+                self._calls, sorted(self._agent_urls), namespace, name, request[:253], self.clock()
             )
         conditions = refused_condition(ds, status, refusals, format_time(self.clock()), self.events)
         self._cache_state(ds, status, patch, conditions, held, size)

@@ -29,16 +29,53 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from itertools import chain
 from typing import Any
 
-from dsagent.controller.agents import JSON, AgentCall, hold_on, release
+from dsagent.controller.agents import JSON, AgentCall, Request, hold_on, release, task_request
 from dsagent.controller.podfacts import demand, free_gpus
 from dsagent.controller.quotas import Admit, Refusal, capped
 from dsagent.policy import replication
 from dsplatform.kubetime import parse_or_none
 from dsplatform.tenancy import acting_for
+from dsplatform.wire.agenttask import task_request as wire_task_request
 
 
 def warm_task_id(namespace: str, name: str) -> str:
     return f"warm.{namespace}.{name}"
+
+
+def replica_task_id(namespace: str, name: str) -> str:
+    return f"replica.{namespace}.{name}"
+
+
+def renewals(datasets: Sequence[JSON], agent_nodes: Collection[str], now: float) -> list[Request]:
+    """The renewals a pass will send: the task of each Dataset's warm-up and replicas, put
+    again on the agent nodes its status lists (:func:`warm_status` and
+    :func:`replicas_status` ask every node they keep, every pass, with these very requests),
+    for :class:`~dsagent.controller.agents.PassCalls` to send together before the Datasets
+    are reconciled one after another. A Dataset whose warm-up waits for its start, or that
+    lost the field, is left out: its pass releases, it does not renew."""
+    out: list[Request] = []
+    for ds in datasets:
+        meta, spec, status = ds.get("metadata") or {}, ds.get("spec") or {}, ds.get("status") or {}
+        if not isinstance(meta, dict) or not isinstance(spec, dict) or not isinstance(status, dict):
+            continue
+        namespace, name = meta.get("namespace", "default"), meta.get("name", "")
+        who = acting_for(namespace, name)
+        body: JSON | None = None
+        warm = spec.get("warm") if isinstance(spec.get("warm"), dict) else None
+        start = parse_or_none(warm.get("startTime")) if warm else None
+        kept = []
+        if warm is not None and (start is None or start <= now):
+            kept.append((warm_task_id(namespace, name), status.get("warm")))
+        if replication.parse_mode(spec.get("replicas")) is not None:
+            kept.append((replica_task_id(namespace, name), status.get("replicas")))
+        for task, previous in kept:
+            entries = previous.get("nodes") if isinstance(previous, dict) else None
+            for entry in entries if isinstance(entries, list) else []:
+                node = str(entry.get("node")) if isinstance(entry, dict) else ""
+                if node in agent_nodes:
+                    body = body if body is not None else dict(wire_task_request([task_request(name, spec)]))
+                    out.append((node, "PUT", f"/v1/tasks/{task}", body, who))
+    return out
 
 
 def _label_match(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
@@ -237,7 +274,7 @@ def replicas_status(
     ``pods_by_dataset``, when the caller keeps them for the pass: the agent nodes' rooms
     (:func:`replica_rooms`) and the pods by the Datasets they name
     (:func:`~dsagent.controller.podfacts.pods_by_dataset`), else worked out here."""
-    task = f"replica.{namespace}.{name}"
+    task = replica_task_id(namespace, name)
     who = acting_for(namespace, name)
     previous = status.get("replicas") or {}
     before = [str(n.get("node")) for n in previous.get("nodes") or [] if isinstance(n, dict)]

@@ -1,0 +1,103 @@
+"""A pass sends the renewals it repeats together at its start (dsagent.controller.agents.PassCalls,
+dsagent.controller.warmup.renewals): with a node's round trip per call, the Datasets reconciled
+one after another no longer wait it out in turn, and the status is what asking in turn made."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from dsagent.controller.agents import PassCalls
+from dsagent.controller.warmup import renewals, replica_task_id, warm_task_id
+from tests.clock import Clock
+from tests.dsagent.controller.test_controller import agent_pod, controller, inventory
+from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node
+
+ROUND_TRIP = 0.03
+
+
+class Agents:
+    """Agents answering each call one round trip later, counting the calls in flight."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, str, str]] = []
+        self.in_flight = self.most = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, node: str, method: str, path: str, body: Any, who: str) -> tuple[int, Any]:
+        with self._lock:
+            self.calls.append((node, method, path, who))
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        time.sleep(ROUND_TRIP)
+        with self._lock:
+            self.in_flight -= 1
+        done = 100 if node.endswith("1") else 40  # each node its own answer
+        return 200, {
+            "datasets": [{"state": "ready" if done == 100 else "fetching", "bytesDone": done, "sizeBytes": 100}]
+        }
+
+
+def _cluster(apiserver: FakeApiServer, datasets: int) -> None:
+    for i in range(4):
+        node = f"n{i}"
+        apiserver.create(make_node(node, annotations={"dsagent.io/inventory": inventory(node, {}, free=50 << 30)}))
+        apiserver.create(agent_pod(node))
+    for i in range(datasets):
+        ds = make_dataset(f"d{i}", namespace="ml")
+        ds["spec"]["warm"] = {"nodes": 2}
+        apiserver.create(ds)
+
+
+def test_a_settled_pass_sends_its_renewals_together_and_reports_what_each_node_said(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    _cluster(apiserver, 12)
+    agents = Agents()
+    ctl = controller(api_client, Clock(), agent_call=agents)
+    ctl.reconcile_all()  # the first pass chooses the nodes: asked Dataset by Dataset
+    first = {f"d{i}": apiserver.get("datasets", f"d{i}", "ml")["status"]["warm"] for i in range(12)}
+    agents.calls.clear()
+    agents.most = 0
+    ctl.reconcile_all()
+    puts = [c for c in agents.calls if c[1] == "PUT"]
+    assert len(puts) == 24 and len(set(puts)) == 24  # each Dataset's two nodes, once each
+    assert agents.most > 2  # several Datasets' nodes at once: not one Dataset's round trip after another
+    again = {f"d{i}": apiserver.get("datasets", f"d{i}", "ml")["status"]["warm"] for i in range(12)}
+    assert again == first  # the same nodes, states and bytes as asking in turn
+
+
+def test_a_call_the_pass_makes_differently_goes_to_the_agent() -> None:
+    agents = Agents()
+    calls = PassCalls(agents)
+    calls.send([("n1", "PUT", "/v1/tasks/t", {"datasets": [1]}, "ml/a")])
+    assert len(agents.calls) == 1
+    assert calls("n1", "PUT", "/v1/tasks/t", {"datasets": [1]}, "ml/a") == agents("n1", "GET", "", None, "")
+    assert len(agents.calls) == 2  # the answer sent first, handed over: no second request (one GET above)
+    calls("n1", "PUT", "/v1/tasks/t", {"datasets": [1]}, "ml/a")  # the same request again: asked
+    calls("n1", "PUT", "/v1/tasks/t", {"datasets": [2]}, "ml/a")  # another body: asked
+    calls("n1", "PUT", "/v1/tasks/t", {"datasets": [1]}, "ml/b")  # for another Dataset: asked
+    assert len(agents.calls) == 5
+
+
+def test_renewals_are_the_kept_nodes_of_fields_still_there_on_agent_nodes_only() -> None:
+    now = 1_800_000_000.0
+    warm = make_dataset("a", namespace="ml")
+    warm["spec"]["warm"] = {"nodes": 2}
+    warm["status"] = {"warm": {"nodes": [{"node": "n1"}, {"node": "gone"}, "junk"]}}
+    later = make_dataset("b", namespace="ml")
+    later["spec"]["warm"] = {"nodes": 1, "startTime": "2099-01-01T00:00:00Z"}  # waits: its pass releases
+    later["status"] = {"warm": {"nodes": [{"node": "n1"}]}}
+    dropped = make_dataset("c", namespace="ml")  # spec.replicas removed: its pass releases
+    dropped["status"] = {"replicas": {"nodes": [{"node": "n2"}]}}
+    copies = make_dataset("d", namespace="ml")
+    copies["spec"]["replicas"] = 2
+    copies["status"] = {"replicas": {"nodes": [{"node": "n2"}, {"node": "n1"}]}, "warm": {"nodes": [{"node": "n3"}]}}
+    out = renewals([warm, later, dropped, copies, {"metadata": "junk"}], {"n1", "n2", "n3"}, now)
+    assert [(node, path, who) for node, _, path, _, who in out] == [
+        ("n1", f"/v1/tasks/{warm_task_id('ml', 'a')}", "ml/a"),
+        ("n2", f"/v1/tasks/{replica_task_id('ml', 'd')}", "ml/d"),
+        ("n1", f"/v1/tasks/{replica_task_id('ml', 'd')}", "ml/d"),
+    ]
+    assert all(method == "PUT" and body["datasets"][0]["name"] in ("a", "d") for _, method, _, body, _ in out)
