@@ -32,9 +32,11 @@ faults and 0.45 s on the 2-core development machine; with the mmap threshold fix
 of it: 10,500 faults instead of 59,000). Where page faults are dear (a virtual machine's
 first touch of a page) that is most of the gap between ``dsctl`` and the same work in a
 warm process. The price: each malloc arena may keep up to 8 MiB free at its top rather
-than returning it. A threshold the operator set (``MALLOC_MMAP_THRESHOLD_``,
-``MALLOC_TRIM_THRESHOLD_``, ``GLIBC_TUNABLES``) is left as it is, and on a C library
-without ``mallopt`` (musl) nothing changes.
+than returning it, so the arenas are capped at :data:`STREAM_ARENAS` (glibc makes up to 8
+a core: on a 128-core node a long-running agent's threads could otherwise keep gigabytes
+free), at most 128 MiB kept in all. What the operator set (``MALLOC_MMAP_THRESHOLD_``,
+``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_ARENA_MAX``, ``GLIBC_TUNABLES``) is left as it is,
+and on a C library without ``mallopt`` (musl) nothing changes.
 """
 
 from __future__ import annotations
@@ -44,13 +46,15 @@ import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-#: glibc's malloc.h: ``M_TRIM_THRESHOLD`` and ``M_MMAP_THRESHOLD``
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+#: glibc's malloc.h: ``M_TRIM_THRESHOLD``, ``M_MMAP_THRESHOLD`` and ``M_ARENA_MAX``
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 #: allocations below this come from the heap, not from a mapping of their own
 STREAM_MMAP_THRESHOLD = 4 << 20
 #: free memory a heap's top may keep before it is handed back
 STREAM_TRIM_THRESHOLD = 8 << 20
-_OPERATOR_SET = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+#: malloc arenas at most (threads share them past that): each may keep the trim threshold free
+STREAM_ARENAS = 16
+_OPERATOR_SET = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX")
 
 
 @contextmanager
@@ -66,11 +70,12 @@ def collector_paused() -> Iterator[None]:
 
 
 def keep_stream_chunks(environ: Mapping[str, str]) -> bool:
-    """Fix glibc's mmap and trim thresholds for stream chunks (module docstring); True if set.
+    """Fix glibc's mmap and trim thresholds for stream chunks, and cap its arenas (module
+    docstring); True if set.
 
-    Not set where the operator set either (their variables, or ``glibc.malloc`` in
-    ``GLIBC_TUNABLES``, read from the process's ``environ`` its edge passes), off Linux, or
-    where the C library has no ``mallopt``."""
+    Nothing is set where the operator set any of them (their variables, or ``glibc.malloc``
+    in ``GLIBC_TUNABLES``, read from the process's ``environ`` its edge passes), off Linux,
+    or where the C library has no ``mallopt``."""
     if not sys.platform.startswith("linux"):
         return False
     if any(name in environ for name in _OPERATOR_SET) or "glibc.malloc." in environ.get("GLIBC_TUNABLES", ""):
@@ -82,10 +87,21 @@ def keep_stream_chunks(environ: Mapping[str, str]) -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    # the mmap threshold first: fixing it stops glibc moving both thresholds on its own
-    return bool(mallopt(_M_MMAP_THRESHOLD, STREAM_MMAP_THRESHOLD)) and bool(
-        mallopt(_M_TRIM_THRESHOLD, STREAM_TRIM_THRESHOLD)
+    # the mmap threshold before the trim threshold: fixing it stops glibc moving both on its own
+    return all(
+        mallopt(option, value)
+        for option, value in (
+            (_M_ARENA_MAX, STREAM_ARENAS),
+            (_M_MMAP_THRESHOLD, STREAM_MMAP_THRESHOLD),
+            (_M_TRIM_THRESHOLD, STREAM_TRIM_THRESHOLD),
+        )
     )
 
 
-__all__ = ["STREAM_MMAP_THRESHOLD", "STREAM_TRIM_THRESHOLD", "collector_paused", "keep_stream_chunks"]
+__all__ = [
+    "STREAM_ARENAS",
+    "STREAM_MMAP_THRESHOLD",
+    "STREAM_TRIM_THRESHOLD",
+    "collector_paused",
+    "keep_stream_chunks",
+]

@@ -100,6 +100,7 @@ def test_stream_chunks_stop_faulting_pages_in_once_the_thresholds_are_fixed() ->
     [
         {"MALLOC_TRIM_THRESHOLD_": "131072"},
         {"MALLOC_MMAP_THRESHOLD_": "131072"},
+        {"MALLOC_ARENA_MAX": "2"},
         {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=131072"},
     ],
 )
