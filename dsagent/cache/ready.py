@@ -34,6 +34,7 @@ from dsagent.cache.pools import Pools
 from dsagent.errors import IntegrityError
 from dsagent.format import native
 from dsagent.format.manifest import BundleRef, EntryTable, Manifest
+from dsplatform import cores
 
 #: How many problems an error message names (the rest are counted).
 _SHOWN = 5
@@ -73,7 +74,7 @@ _PER_THREAD = 8192
 def _sized_files(directory: str, table: EntryTable, indexes: range) -> list[int]:
     """The indexes of ``indexes`` that :func:`dsagent.format.native.sized_files` finds wrong,
     on up to a thread a core (the kernel's lookups are the time: 1.1 us a file on one thread)."""
-    threads = max(1, min(os.cpu_count() or 1, len(indexes) // _PER_THREAD))
+    threads = max(1, min(cores.usable(), len(indexes) // _PER_THREAD))
     if threads == 1:
         return native.sized_files(directory, table.paths, table.sizes, indexes.start, indexes.stop)
     step = -(-len(indexes) // threads)

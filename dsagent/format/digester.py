@@ -48,6 +48,7 @@ from dsagent.format.walk import (
     stated,
     walk_source,
 )
+from dsplatform import cores
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -65,7 +66,7 @@ REMOTE_WORKERS = 16
 
 def default_workers() -> int:
     """Hashing threads: one per core (reads and xxh3 release the GIL), capped."""
-    return min(8, os.cpu_count() or 1)
+    return min(8, cores.usable())
 
 
 class _Hasher:
@@ -194,7 +195,7 @@ def digest_files(
     snapshot = cache.snapshot(root) if cache is not None else {}
     # local reads are CPU-bound (one worker per core); remote ones wait on round trips
     count = workers or (default_workers() if is_local(fs) else REMOTE_WORKERS)
-    cpus = os.cpu_count() or 1
+    cpus = cores.usable()
     if isinstance(found, LocalWalk) and native_loops.chosen(native) and cache is None:
         return _tree_digest(found.groups, min(workers or cpus, cpus), progress)
     if isinstance(found, LocalWalk) and min(workers or cpus, cpus) > 1 and can_fork():

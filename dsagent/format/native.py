@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from dsagent.errors import IntegrityError
 from dsagent.format.hashing import CHUNK_SIZE, HASH_BUFFER, changed_error
 from dsagent.format.storage import translate_errors
+from dsplatform import cores
 
 if TYPE_CHECKING:
     from dsagent.format.tarstream import FrameReader
@@ -134,7 +135,7 @@ def describe() -> str:
 def spare_cores(jobs_at_once: int) -> int:
     """The threads each of ``jobs_at_once`` bundles packed together reads its files on (the
     pack reader's ``threads``): the cores shared out, at least one."""
-    return max(1, (os.cpu_count() or 1) // max(1, jobs_at_once))
+    return max(1, cores.usable() // max(1, jobs_at_once))
 
 
 def chosen(native: bool | None) -> bool:

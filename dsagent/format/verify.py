@@ -18,6 +18,7 @@ from dsagent.errors import IntegrityError, InvalidInput, NotFound
 from dsagent.format.hashing import hash_file, read_buffer
 from dsagent.format.manifest import FileEntry, Manifest
 from dsagent.format.storage import translate_errors
+from dsplatform import cores
 
 
 def _tree(directory: Path) -> tuple[dict[str, os.stat_result], set[str], list[str]]:
@@ -81,7 +82,7 @@ def verify_tree(directory: str | os.PathLike[str], manifest: Manifest, *, worker
             digest, _ = hash_file(root / entry.path, buffer)
         return None if digest == entry.digest else f"wrong content: {entry.path}"
 
-    with ThreadPoolExecutor(workers or min(8, 2 * (os.cpu_count() or 1))) as pool:
+    with ThreadPoolExecutor(workers or min(8, 2 * cores.usable())) as pool:
         problems += [p for p in pool.map(check, present) if p]
     if problems:
         shown = "; ".join(problems[:10]) + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")

@@ -22,6 +22,7 @@ from urllib.parse import unquote
 from dsagent.errors import InvalidInput, NotFound
 from dsagent.format import native
 from dsagent.format.storage import LocalFiles, resolves_within, translate_errors
+from dsplatform import cores
 
 if TYPE_CHECKING:
     from fsspec.spec import AbstractFileSystem
@@ -203,7 +204,7 @@ def iter_native_dirs(root: str, empty: list[str], confine: Sequence[str] | None 
     still may. Python's ``os.scandir`` walk spends about 1 us a file under the GIL, the
     bound of a digest on many cores (docs/design-native.md#on-a-node-with-many-cores)."""
     seen: set[tuple[int, int]] = set()
-    threads = min(NATIVE_THREADS, os.cpu_count() or 1)
+    threads = min(NATIVE_THREADS, cores.usable())
     level = [("", root)]
     while level:
         below: list[tuple[str, str]] = []
@@ -266,7 +267,7 @@ def list_local(root: str, empty: list[str], confine: Sequence[str] | None = None
     seen: set[tuple[int, int]] = set()
     paths: list[str] = []
     stats = array("q")  # size, mtime, inode, ctime a file
-    threads = min(LIST_THREADS, os.cpu_count() or 1)
+    threads = min(LIST_THREADS, cores.usable())
     level = [("", root)]  # (prefix in the dataset, where to read it)
     with ThreadPoolExecutor(threads, thread_name_prefix="dsagent-list") as pool:
         while level:

@@ -57,6 +57,7 @@ from dsagent.format.manifest import (
 )
 from dsagent.format.storage import resolve_local_first, translate_errors
 from dsagent.format.storageconfig import Options
+from dsplatform import cores
 
 if TYPE_CHECKING:
     from fsspec.spec import AbstractFileSystem
@@ -265,7 +266,7 @@ def write_bundles(
         reused = [g for g, d in zip(groups, digests) if d in existing]
         if reused:
             progress(sum(e.size for g in reused for e in g), sum(len(g) for g in reused))
-    cpus = os.cpu_count() or 1
+    cpus = cores.usable()
     parallel = max(1, min(len(todo), cpus))
     zstd_threads = opts.threads if opts.threads is not None else (cpus if parallel == 1 and cpus > 1 else 0)
     writer = BundleWriter(src_fs, src_root, progress, threading.Lock(), native.spare_cores(parallel))
@@ -450,7 +451,7 @@ def pack_dataset(
         writing = set(todo)
         reused = [plan[i] for i in range(len(plan)) if i not in writing]
         progress(sum(upto[first + count] - upto[first] for first, count in reused), sum(c for _, c in reused))
-    cpus = os.cpu_count() or 1
+    cpus = cores.usable()
     parallel = max(1, min(len(todo), cpus))
     writing_bytes = sum(upto[plan[i][0] + plan[i][1]] - upto[plan[i][0]] for i in todo)
     processes = opts.processes

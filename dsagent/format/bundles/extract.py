@@ -75,6 +75,7 @@ from dsagent.format.storage import local_path, resolve, translate_errors
 from dsagent.format.storageconfig import Options
 from dsagent.format.tarstream import FrameReader, iter_members, read_data, tar_bound
 from dsagent.format.verify import verify_tree
+from dsplatform import cores
 
 STAGING_DIR = ".dsagent-staging"
 #: the most threads decoding one bundle's frames (:func:`frame_decoders`)
@@ -406,7 +407,7 @@ def frame_decoders(at_once: int) -> int:
     """Threads to decode the frames of each of ``at_once`` bundles unpacked together: the
     cores left beside their member loops and readers, at most :data:`FRAME_DECODERS_MAX`;
     0 (one reading thread decodes) where fewer than two are left."""
-    spare = (os.cpu_count() or 1) // max(1, at_once) - 2
+    spare = cores.usable() // max(1, at_once) - 2
     return min(FRAME_DECODERS_MAX, spare) if spare >= 2 else 0
 
 
@@ -558,7 +559,7 @@ def unpack(
     stage.mkdir()
     since = writeback_for(stage).mark()
     try:
-        count = workers or min(4, os.cpu_count() or 1)
+        count = workers or min(4, cores.usable())
         _unpack_bundles(store, manifest, stage, storage_options, progress, count, native)
         create_empty_directories(manifest, stage)
         with _local_writes(stage):

@@ -17,6 +17,7 @@ from dsagent.cache.progress import FetchProgress
 from dsagent.format.bundles.bundle import pack, verify_tree
 from dsagent.format.bundles.extract import STAGING_DIR
 from dsagent.format.manifest import BundleRef, Manifest
+from dsplatform import cores
 
 
 def _packed(tmp_path: Path) -> tuple[Path, Manifest]:
@@ -118,7 +119,7 @@ def test_a_fetch_gives_each_bundle_the_cores_the_bundles_at_once_leave(
         given.append(decoders)
         real(*args, decoders=decoders, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(cores, "usable", lambda: 16)
     monkeypatch.setattr(fetch, "unpack_bundle", spy)
     staging = tmp_path / "staging"
     staging.mkdir()

@@ -16,6 +16,7 @@ from dsagent.format import native
 from dsagent.format.digester import build_manifest
 from dsagent.format.entries import EntryTable
 from dsagent.format.manifest import Manifest
+from dsplatform import cores
 
 both_paths = pytest.mark.usefixtures("native_mode")
 
@@ -111,7 +112,7 @@ def test_the_check_split_over_threads_finds_what_one_thread_finds(
     monkeypatch.setattr(ready, "_PER_THREAD", 10**9)
     alone = ready.incomplete(root, manifest)
     monkeypatch.setattr(ready, "_PER_THREAD", 4)
-    monkeypatch.setattr(os, "cpu_count", lambda: 6)  # 41 files: six threads of seven
+    monkeypatch.setattr(cores, "usable", lambda: 6)  # 41 files: six threads of seven
     assert (
         ready.incomplete(root, manifest)
         == alone

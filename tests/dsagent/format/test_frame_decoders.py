@@ -4,7 +4,6 @@ cut, corrupt and hostile streams, and no thread left behind."""
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from dsagent.format.bundles import extract
 from dsagent.format.bundles.bundle import pack, unpack_bundle
 from dsagent.format.manifest import bundle_path
 from dsagent.format.tarstream import FrameReader
+from dsplatform import cores
 from tests.dsagent.conftest import write_tree
 
 DECODE_THREAD = "dsagent-unpack-decode"
@@ -187,7 +187,7 @@ def test_unpacking_with_decoders_writes_the_same_verified_files(tmp_path: Path, 
 def test_decoders_are_the_cores_left_beside_the_member_loops(
     monkeypatch: pytest.MonkeyPatch, cpus: int, at_once: int, decoders: int
 ) -> None:
-    monkeypatch.setattr(os, "cpu_count", lambda: cpus)
+    monkeypatch.setattr(cores, "usable", lambda: cpus)
     assert extract.frame_decoders(at_once) == decoders
 
 
@@ -203,7 +203,7 @@ def test_unpack_of_one_bundle_gives_it_the_spare_cores(tmp_path: Path, monkeypat
 
     files = _files(2)
     pack(write_tree(tmp_path / "src", files), tmp_path / "store", name="p", max_bytes=10**9)
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(cores, "usable", lambda: 16)
     monkeypatch.setattr(extract, "unpack_bundle", spy)
     unpack(tmp_path / "store", name="p", dest=tmp_path / "out")
     assert given == [8]

@@ -32,6 +32,7 @@ from dsagent.format.bundles.packwriter import plain_header, tar_header, tar_stre
 from dsagent.format.digester import build_manifest
 from dsagent.format.hashing import CHUNK_SIZE
 from dsagent.format.manifest import FileEntry, Manifest
+from dsplatform import cores as cores_module
 from tests.dsagent.conftest import write_tree
 from tests.dsagent.format import test_native
 
@@ -60,7 +61,7 @@ def _bundles(store: Path) -> dict[str, bytes]:
 def test_the_native_pack_writes_the_pure_packs_bytes(
     tree: Path, with_native: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, processes: int, cores: int
 ) -> None:
-    monkeypatch.setattr(os, "cpu_count", lambda: cores)  # the cores left to each bundle read its files
+    monkeypatch.setattr(cores_module, "usable", lambda: cores)  # the cores left to each bundle read its files
     runs = iter(range(10))
     readers = []
     real = native.tar_reader
