@@ -452,7 +452,8 @@ def read_manifest_stream(stream: IO[bytes], *, max_files: int | None = None) -> 
     first = rest or stream.read(1)
     if first:
         what = f"manifest {header.name!r}"
-        from dsagent.format.tarstream import FrameReader, Prefixed
+        from dsagent.format.tarstream import FrameReader
+        from dsagent.format.zstdframes import Prefixed
 
         reader = FrameReader(cast(IO[bytes], Prefixed(first, stream)), what, limit=header.file_count * MAX_ENTRY_LINE)
         checks = _BodyChecks()

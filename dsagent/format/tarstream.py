@@ -16,7 +16,7 @@ malformation as :class:`IntegrityError`:
 **Bounds** (a 65 KB bundle of 2 GiB of zeros took the agent to
 2.1 GB). This module is the one place decompression is bounded, for bundles and
 manifests alike: each decompress call yields at most :data:`CHUNK_SIZE` bytes, a whole
-frame on a decoding thread at most :data:`FRAME_DECODE_MAX`
+frame on a decoding thread at most :data:`~dsagent.format.zstdframes.FRAME_DECODE_MAX`
 (``compression.zstd``'s ``max_length``; python-zstandard's ``decompressobj`` has none, and
 one 1 MB chunk of zeros decompresses to 32 GB), and a frame yields at most its ``limit``
 (:func:`tar_bound` for a bundle: what its manifest declares plus tar headers; anything
@@ -32,8 +32,8 @@ the outputs on in order: zstd decodes a frame on one core, and a bundle holds a 
 every 1 MiB of its tar stream. A bundle that starts with a frame of raw blocks
 (incompressible data) is decoded by that one thread, as without ``decoders``: on 16 cores
 the cutting cost random 12 KB files more than it gained. A frame is decoded in calls of at most
-:data:`FRAME_DECODE_MAX` bytes in all and must end within them; one that does not (larger,
-cut or corrupt), a frame longer than :data:`FRAME_CUT_MAX`, anything that is not a plain
+:data:`~dsagent.format.zstdframes.FRAME_DECODE_MAX` bytes in all and must end within them; one that does not (larger,
+cut or corrupt), a frame longer than :data:`~dsagent.format.zstdframes.FRAME_CUT_MAX`, anything that is not a plain
 zstd frame, and all that follows go through ``FrameReader._decompressed``, so the errors
 are the one-thread path's. The frame's ``limit`` is counted in one place on both paths.
 - :func:`iter_members` parses POSIX ustar headers (the plain header bundles are written
@@ -48,7 +48,6 @@ per chunk, which made it the hot spot of unpacking.
 
 from __future__ import annotations
 
-import io
 import queue
 import re
 import struct
@@ -65,6 +64,7 @@ except ImportError:  # pragma: no cover - depends on the Python version
     from backports import zstd as _zstd
 
 from dsagent.errors import IntegrityError, UnsafeArchive
+from dsagent.format import zstdframes
 from dsagent.format.hashing import CHUNK_SIZE
 
 BLOCK = tarfile.BLOCKSIZE
@@ -95,20 +95,10 @@ MAX_EXTENDED_HEADER = 1 << 20
 #: (decompressing a 623 MB bundle of 20,000 files cost 1.3-1.4 CPU-s against 0.5 for
 #: ``zstd -dc``).
 INPUT_PIECE = 64 << 10
-#: zstd's frame magic, and the largest block a frame may hold (RFC 8878, 3.1.1.2)
-ZSTD_MAGIC = 0xFD2FB528
-_MAGIC_BYTES = ZSTD_MAGIC.to_bytes(4, "little")
-ZSTD_BLOCK_MAX = 128 << 10
 #: Frames cut ahead of the one being handed on, per decoder: each yields at most
-#: :data:`FRAME_DECODE_MAX` bytes, so the decoders hold at most that many times as much.
+#: :data:`~dsagent.format.zstdframes.FRAME_DECODE_MAX` bytes, so the decoders hold at most
+#: that many times as much.
 FRAMES_AHEAD = 2
-#: The longest frame cut whole: a longer one (not written by this project's packer, which
-#: starts a frame every 1 MiB of tar) and all after it are left to the one-thread path
-#: rather than held whole.
-FRAME_CUT_MAX = 4 * CHUNK_SIZE
-#: The most a frame decoded on a thread may yield in its one call (a packer's frame holds
-#: at most :data:`CHUNK_SIZE`; one more byte lets zstd reach the frame's end and checksum).
-FRAME_DECODE_MAX = 2 * CHUNK_SIZE
 
 
 def plain_template() -> bytes:
@@ -209,13 +199,13 @@ class FrameReader:
         """The run of frames, cut whole by their headers and decoded in order: frames with
         compressed blocks on ``decoders`` threads, frames of raw blocks here (they are
         copies). A run that starts with a frame of raw blocks (incompressible data: the
-        threads would only add copies), a frame longer than :data:`FRAME_CUT_MAX`, anything
+        threads would only add copies), a frame longer than :data:`~dsagent.format.zstdframes.FRAME_CUT_MAX`, anything
         that is not a plain frame and all that follows go through :meth:`_decompressed`,
-        and so does a frame that does not decode whole within :data:`FRAME_DECODE_MAX`
+        and so does a frame that does not decode whole within :data:`~dsagent.format.zstdframes.FRAME_DECODE_MAX`
         (module docstring)."""
         pool = ThreadPoolExecutor(decoders, thread_name_prefix="dsagent-unpack-decode")
         ahead: deque[tuple[Future[bytes | None], list[memoryview]]] = deque()
-        source = _Input(self._raw)
+        source = zstdframes.FrameInput(self._raw)
         cut_any = False
         try:
             while True:
@@ -230,7 +220,8 @@ class FrameReader:
                         break
                     frame = source.take(end)
                     cut_any = True
-                    future = pool.submit(_decode_whole, frame) if compressed else _done(_decode_whole(frame))
+                    decode = zstdframes.decode_whole
+                    future = pool.submit(decode, frame) if compressed else _done(decode(frame))
                     ahead.append((future, frame))
                 if not ahead:
                     break
@@ -248,7 +239,7 @@ class FrameReader:
             if rest:
                 pieces = [view for _, frame in ahead for view in frame]
                 ahead.clear()
-                self._raw = cast(IO[bytes], Prefixed(b"".join([*pieces, *source.rest()]), self._raw))
+                self._raw = cast(IO[bytes], zstdframes.Prefixed(b"".join([*pieces, *source.rest()]), self._raw))
                 yield from _joined(self._decompressed())
         finally:
             for future, _ in ahead:
@@ -318,141 +309,11 @@ class FrameReader:
                 )
 
 
-class _Input:
-    """An object's bytes as the reads returned them, held until taken: the frame cutter's
-    view of its input (no read is joined to the next)."""
-
-    def __init__(self, raw: IO[bytes]) -> None:
-        self._raw = raw
-        self._chunks: deque[memoryview] = deque()
-        self._held = 0  # bytes in ``_chunks``
-        self._ended = False
-
-    def left(self) -> int:
-        return self._held
-
-    def _fill(self, size: int) -> bool:
-        """At least ``size`` bytes held, reading more as needed; False at the object's end."""
-        while self._held < size:
-            if self._ended:
-                return False
-            data = self._raw.read(CHUNK_SIZE)
-            if not data:
-                self._ended = True
-                return False
-            self._chunks.append(memoryview(data))
-            self._held += len(data)
-        return True
-
-    def _bytes(self, offset: int, size: int) -> bytes:
-        """``size`` held bytes from ``offset`` (held: :meth:`_fill` first)."""
-        out = bytearray()
-        for chunk in self._chunks:
-            if offset >= len(chunk):
-                offset -= len(chunk)
-                continue
-            out += chunk[offset : offset + size - len(out)]
-            offset = 0
-            if len(out) == size:
-                break
-        return bytes(out)
-
-    def frame_end(self) -> tuple[int | None, bool]:
-        """The length of the zstd frame held next, read from its header and its blocks'
-        headers (RFC 8878), and whether any block of it is compressed: None at the object's
-        end (nothing left, or a frame cut short), -1 where what comes next is not a plain
-        frame of at most :data:`FRAME_CUT_MAX` bytes (a skippable frame, a dictionary,
-        reserved bits, a block type or size the format does not allow)."""
-        if not self._fill(6):
-            return (None if self._bytes(0, self._held) == _MAGIC_BYTES[: self._held] else -1), False
-        head = self._bytes(0, 6)
-        if head[:4] != _MAGIC_BYTES or head[4] & 0x0B:  # reserved bit, dictionary id
-            return -1, False
-        descriptor = head[4]
-        single = descriptor & 0x20
-        pos = 5 + (0 if single else 1) + (1 if single else 0, 2, 4, 8)[descriptor >> 6]
-        compressed = False
-        while True:
-            if pos > FRAME_CUT_MAX:
-                return -1, False
-            if not self._fill(pos + 3):
-                return None, False
-            header = int.from_bytes(self._bytes(pos, 3), "little")
-            kind, length = (header >> 1) & 3, header >> 3
-            if kind == 3 or length > ZSTD_BLOCK_MAX:
-                return -1, False
-            compressed = compressed or kind == 2
-            pos += 3 + (1 if kind == 1 else length)
-            if header & 1:
-                break
-        pos += 4 if descriptor & 0x04 else 0
-        if pos > FRAME_CUT_MAX:
-            return -1, False
-        return (pos, compressed) if self._fill(pos) else (None, False)
-
-    def take(self, size: int) -> list[memoryview]:
-        """The next ``size`` held bytes, as views of the reads that hold them."""
-        out: list[memoryview] = []
-        while size:
-            chunk = self._chunks[0]
-            if len(chunk) <= size:
-                out.append(self._chunks.popleft())
-            else:
-                out.append(chunk[:size])
-                self._chunks[0] = chunk[size:]
-            size -= len(out[-1])
-            self._held -= len(out[-1])
-        return out
-
-    def rest(self) -> list[memoryview]:
-        """Every byte held and not taken."""
-        out, self._chunks, self._held = list(self._chunks), deque(), 0
-        return out
-
-
-def _decode_whole(frame: list[memoryview]) -> bytes | None:
-    """One whole frame (its bytes in pieces) decoded in calls of at most
-    :data:`FRAME_DECODE_MAX` bytes in all, or None when it does not end within that, or
-    where its bytes end (it is larger, or not whole)."""
-    decompressor = _zstd.ZstdDecompressor()
-    outputs: list[bytes] = []
-    budget = FRAME_DECODE_MAX
-    for piece in frame:
-        if decompressor.eof:
-            return None  # bytes after the frame's end
-        out = decompressor.decompress(piece, max_length=budget)
-        outputs.append(out)
-        budget -= len(out)
-        if budget <= 0 and not decompressor.eof:
-            return None
-    if not decompressor.eof or decompressor.unused_data:
-        return None
-    return outputs[0] if len(outputs) == 1 else b"".join(outputs)
-
-
 def _done(result: bytes | None) -> Future[bytes | None]:
+    """A frame decoded here, in the read-ahead's order beside those decoded on threads."""
     future: Future[bytes | None] = Future()
     future.set_result(result)
     return future
-
-
-class Prefixed(io.RawIOBase):
-    """``stream`` with ``head`` read first: bytes taken from it to look at, put back (the
-    frame cutter's, a manifest's first read)."""
-
-    def __init__(self, head: bytes, stream: IO[bytes]) -> None:
-        super().__init__()
-        self._head, self._stream = memoryview(head), stream
-
-    def read(self, size: int = -1) -> bytes:
-        if self._head:
-            take = len(self._head) if size < 0 else size
-            head, self._head = self._head[:take], self._head[take:]
-            return bytes(head)
-        return self._stream.read(size)
-
-    def readable(self) -> bool:
-        return True
 
 
 def _joined(outputs: Iterator[bytes]) -> Iterator[bytes]:

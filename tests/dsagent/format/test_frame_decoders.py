@@ -1,6 +1,7 @@
-"""A bundle's frames decoded on threads (dsagent.format.tarstream, ``decoders``): the same
-bytes, the same errors and the same bounds as the one reading thread, on sound, foreign,
-cut, corrupt and hostile streams, and no thread left behind."""
+"""A bundle's frames decoded on threads (dsagent.format.tarstream, ``decoders``; the frame
+layout in dsagent.format.zstdframes): the same bytes, the same errors and the same bounds
+as the one reading thread, on sound, foreign, cut, corrupt and hostile streams, and no
+thread left behind."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import zstandard
 
 from dsagent.errors import IntegrityError
-from dsagent.format import tarstream
+from dsagent.format import zstdframes
 from dsagent.format.bundles import extract
 from dsagent.format.bundles.bundle import pack, unpack_bundle
 from dsagent.format.manifest import bundle_path
@@ -90,14 +91,14 @@ def test_a_bundle_reads_the_same_on_decoding_threads_and_uses_them(bundle: bytes
     assert _same(bundle) == expected
     assert _same(bundle, step=4096) == expected  # frames cut across many small reads
     seen: list[str] = []
-    real = tarstream._decode_whole
+    real = zstdframes.decode_whole
 
     def watched(frame: list[memoryview]) -> bytes | None:
         seen.append(threading.current_thread().name)
         return real(frame)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(tarstream, "_decode_whole", watched)
+        mp.setattr(zstdframes, "decode_whole", watched)
         assert _read_all(bundle, 3) == expected
     assert any(name.startswith(DECODE_THREAD) for name in seen)  # the text's frames went to the threads
     assert any(not name.startswith(DECODE_THREAD) for name in seen)  # raw-block frames stayed
@@ -111,7 +112,7 @@ def test_a_bundle_that_starts_with_raw_blocks_is_decoded_on_the_reading_thread(t
     data = Path(bundle_path(str(tmp_path / "store"), manifest.bundles[0].digest)).read_bytes()
     cut: list[int] = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(tarstream, "_decode_whole", lambda frame: cut.append(1))  # a frame cut: a bug here
+        mp.setattr(zstdframes, "decode_whole", lambda frame: cut.append(1))  # a frame cut: a bug here
         assert _read_all(data, 3) == _read_all(data, 0)
     assert cut == []
 
@@ -211,12 +212,12 @@ def test_unpack_of_one_bundle_gives_it_the_spare_cores(tmp_path: Path, monkeypat
 
 def test_a_thread_decodes_one_frame_no_further_than_its_bound_in_pieces_or_whole() -> None:
     rng = random.Random(8)
-    small, large = _text(rng, 1 << 20), _text(rng, tarstream.FRAME_DECODE_MAX + 1)
+    small, large = _text(rng, 1 << 20), _text(rng, zstdframes.FRAME_DECODE_MAX + 1)
     for data, whole in ((small, True), (large, False)):
         frame = memoryview(zstandard.compress(data))
         third = len(frame) // 3
         for pieces in ([frame], [frame[:third], frame[third : 2 * third], frame[2 * third :]]):
-            assert tarstream._decode_whole(pieces) == (data if whole else None)
+            assert zstdframes.decode_whole(pieces) == (data if whole else None)
     two = memoryview(zstandard.compress(small) + zstandard.compress(small))
-    assert tarstream._decode_whole([two]) is None  # bytes after the frame: not one whole frame
-    assert tarstream._decode_whole([memoryview(zstandard.compress(small))[:-3]]) is None  # cut
+    assert zstdframes.decode_whole([two]) is None  # bytes after the frame: not one whole frame
+    assert zstdframes.decode_whole([memoryview(zstandard.compress(small))[:-3]]) is None  # cut
