@@ -250,15 +250,25 @@ def hold_on(
     (idempotently) on every chosen node; their reports, in ``chosen``'s order. Every request
     names the Dataset ``who`` (``namespace/name``) it is for."""
     release(agent_call, task, [node for node in before if node not in chosen], who)
+    asks = hold_requests(task, who, name, spec, chosen)
+    return on_each(lambda ask: task_report(ask[0], agent_call(*ask)), asks)
+
+
+def hold_requests(task: str, who: str, name: str, spec: JSON, nodes: Sequence[str]) -> list[Request]:
+    """The requests that put the agent task ``task`` (the Dataset's source and store) on
+    ``nodes``: what :func:`hold_on` sends, and what a pass sends ahead as its renewals
+    (:class:`PassCalls` hands an answer over only to the very same request)."""
     body = wire_task_request([task_request(name, spec)])
-    return on_each(
-        lambda node: task_report(node, agent_call(node, "PUT", f"/v1/tasks/{task}", dict(body), who)), chosen
-    )
+    return [(node, "PUT", task_path(task), dict(body), who) for node in nodes]
+
+
+def task_path(task: str) -> str:
+    return f"/v1/tasks/{task}"
 
 
 def release(agent_call: AgentCall, task: str, nodes: list[str], who: str) -> None:
     """Release the agent task ``task``, held for the Dataset ``who``, on every node of ``nodes``."""
-    on_each(lambda node: agent_call(node, "DELETE", f"/v1/tasks/{task}", None, who), nodes)
+    on_each(lambda node: agent_call(node, "DELETE", task_path(task), None, who), nodes)
 
 
 def task_report(node: str, answer: tuple[int, Any] | None) -> JSON:

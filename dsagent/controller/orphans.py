@@ -38,7 +38,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dsagent.controller.agents import AgentCall, on_each
+from dsagent.controller.agents import AgentCall, on_each, task_path
 from dsagent.controller.controllermetrics import ControllerMetrics
 from dsagent.controller.nextjob import preparation_path
 from dsplatform.tenancy import acting_for, parse_acting_for
@@ -74,7 +74,7 @@ def held_for(task: TaskHeld) -> Held | None:
         dataset = parse_acting_for(rest.replace(".", "/", 1))  # <namespace>.<name>: no dot in a namespace
         if dataset is None:
             return None
-        return Held(kind, f"/v1/tasks/{task.task}", dataset[0], (dataset[1],))
+        return Held(kind, task_path(task.task), dataset[0], (dataset[1],))
     if kind == PREPARE and rest and task.namespace is not None and task.names:
         return Held(PREPARE, preparation_path(rest), task.namespace, task.names)  # its preparation holds it
     return None

@@ -29,13 +29,12 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from itertools import chain
 from typing import Any
 
-from dsagent.controller.agents import JSON, AgentCall, Request, hold_on, release, task_request
+from dsagent.controller.agents import JSON, AgentCall, Request, hold_on, hold_requests, release
 from dsagent.controller.podfacts import demand, free_gpus
 from dsagent.controller.quotas import Admit, Refusal, capped
 from dsagent.policy import replication
 from dsplatform.kubetime import parse_or_none
 from dsplatform.tenancy import acting_for
-from dsplatform.wire.agenttask import task_request as wire_task_request
 
 
 def warm_task_id(namespace: str, name: str) -> str:
@@ -59,23 +58,23 @@ def renewals(datasets: Sequence[JSON], agent_nodes: Collection[str], now: float)
         if not isinstance(meta, dict) or not isinstance(spec, dict) or not isinstance(status, dict):
             continue
         namespace, name = meta.get("namespace", "default"), meta.get("name", "")
-        who = acting_for(namespace, name)
-        body: JSON | None = None
-        warm = spec.get("warm") if isinstance(spec.get("warm"), dict) else None
-        start = parse_or_none(warm.get("startTime")) if warm else None
         kept = []
-        if warm is not None and (start is None or start <= now):
+        warm = spec.get("warm")
+        if isinstance(warm, dict) and _started(warm, now):
             kept.append((warm_task_id(namespace, name), status.get("warm")))
         if replication.parse_mode(spec.get("replicas")) is not None:
             kept.append((replica_task_id(namespace, name), status.get("replicas")))
         for task, previous in kept:
             entries = previous.get("nodes") if isinstance(previous, dict) else None
-            for entry in entries if isinstance(entries, list) else []:
-                node = str(entry.get("node")) if isinstance(entry, dict) else ""
-                if node in agent_nodes:
-                    body = body if body is not None else dict(wire_task_request([task_request(name, spec)]))
-                    out.append((node, "PUT", f"/v1/tasks/{task}", body, who))
+            nodes = [str(e.get("node")) for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+            out += hold_requests(task, acting_for(namespace, name), name, spec, [n for n in nodes if n in agent_nodes])
     return out
+
+
+def _started(warm: JSON, now: float) -> bool:
+    """Whether a ``spec.warm`` holds its nodes now: its start, if it names one, reached."""
+    start = parse_or_none(warm.get("startTime"))
+    return start is None or start <= now
 
 
 def _label_match(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
@@ -106,8 +105,7 @@ def warm_status(
     task = warm_task_id(namespace, name)
     who = acting_for(namespace, name)
     before = [str(n.get("node")) for n in previous.get("nodes") or [] if isinstance(n, dict)]
-    start = parse_or_none(warm.get("startTime")) if warm else None
-    if warm is None or (start is not None and start > now):
+    if warm is None or not _started(warm, now):
         release(agent_call, task, before, who)
         return {
             "state": "Waiting" if warm is not None else "Off",
