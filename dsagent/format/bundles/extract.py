@@ -407,7 +407,7 @@ def frame_decoders(at_once: int) -> int:
     """Threads to decode the frames of each of ``at_once`` bundles unpacked together: the
     cores left beside their member loops and readers, at most :data:`FRAME_DECODERS_MAX`;
     0 (one reading thread decodes) where fewer than two are left."""
-    spare = cores.usable() // max(1, at_once) - 2
+    spare = native_loops.spare_cores(at_once) - 2  # each bundle's cores, as the pack shares them out
     return min(FRAME_DECODERS_MAX, spare) if spare >= 2 else 0
 
 
