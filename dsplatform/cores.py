@@ -10,8 +10,15 @@ limit add no speed: the kernel throttles the whole container for the rest of eac
 period once it has used its share, so a ``dsctl`` init container limited to 2 CPUs on a
 64-core node would otherwise start 64 readers and stall.
 
-The files are read at each call (a few microseconds; no state kept): a test or an
-embedding passes its own ``cgroup`` root.
+Which cgroup: the process's own, as ``/proc/self/cgroup`` names it, and every cgroup above
+it (a limit on a parent, a systemd slice or a pod's cgroup, holds its children too): the
+fewest cores any of them allows. Inside a container with a cgroup namespace (the default
+under cgroup v2) the process's cgroup is the mount's root; where the named path is not
+under the mount (a cgroup v1 container whose mount is its own cgroup), the mount's root is
+the process's cgroup.
+
+The files are read at each call (some tens of microseconds; no state kept): a test or an
+embedding passes its own ``cgroup`` root and ``proc`` file.
 """
 
 from __future__ import annotations
@@ -24,29 +31,76 @@ from pathlib import Path
 CGROUP = Path("/sys/fs/cgroup")
 
 
-def cpu_limit(cgroup: Path = CGROUP) -> int | None:
-    """The CPU limit of the cgroup at ``cgroup``, rounded up to whole cores; None where it
-    has none or the files cannot be read."""
+#: where the kernel names this process's cgroups
+PROC_CGROUP = Path("/proc/self/cgroup")
+
+#: the most cgroups above a process's that are read (the kernel nests cgroups at most
+#: ``cgroup.max.depth`` deep, unlimited by default; real hierarchies are a few levels)
+MAX_DEPTH = 32
+
+
+def cpu_limit(cgroup: Path = CGROUP, proc: Path = PROC_CGROUP) -> int | None:
+    """The CPU limit of this process's cgroups under the mount at ``cgroup`` (``proc``:
+    the file naming them), rounded up to whole cores: the lowest of its own cgroup's and
+    those above it; None where none has one or the files cannot be read."""
+    own = _own_cgroups(proc)
+    limits = [_v2_limit(d) for d in _upwards(cgroup, own.get(""))]
+    for controller in ("cpu", "cpu,cpuacct"):  # cgroup v1: the mount named by its controllers
+        mount = cgroup / controller
+        limits += [_v1_limit(d) for d in _upwards(mount, own.get("cpu"))]
+    found = [limit for limit in limits if limit is not None]
+    return min(found) if found else None
+
+
+def _own_cgroups(proc: Path) -> dict[str, str]:
+    """``/proc/self/cgroup`` as controller -> path: ``""`` for the cgroup v2 hierarchy, ``"cpu"``
+    for the v1 one the cpu controller is in; empty where it cannot be read."""
+    try:
+        text = proc.read_text()[:65536]
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        ident, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if ident == "0" and not controllers:
+            out[""] = path
+        elif "cpu" in controllers.split(","):
+            out["cpu"] = path
+    return out
+
+
+def _upwards(mount: Path, path: str | None) -> list[Path]:
+    """The cgroup directories from the process's own up to the mount's root (the root
+    alone where the path is unknown or not under this mount)."""
+    parts = [p for p in (path or "").split("/") if p and p not in (".", "..")][:MAX_DEPTH]
+    own = mount.joinpath(*parts)
+    if not parts or not own.is_dir():
+        return [mount]
+    return [mount.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
+
+
+def _v2_limit(cgroup: Path) -> int | None:
     try:
         quota, period = (cgroup / "cpu.max").read_text().split()[:2]
         return None if quota == "max" else _whole(int(quota), int(period))
     except (OSError, ValueError):
-        pass
-    for controller in ("cpu", "cpu,cpuacct"):  # cgroup v1
-        try:
-            quota_us = int((cgroup / controller / "cpu.cfs_quota_us").read_text())
-            period_us = int((cgroup / controller / "cpu.cfs_period_us").read_text())
-        except (OSError, ValueError):
-            continue
-        return _whole(quota_us, period_us)
-    return None
+        return None
+
+
+def _v1_limit(cgroup: Path) -> int | None:
+    try:
+        quota_us = int((cgroup / "cpu.cfs_quota_us").read_text())
+        period_us = int((cgroup / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return _whole(quota_us, period_us)
 
 
 def _whole(quota: int, period: int) -> int | None:
     return max(1, math.ceil(quota / period)) if quota > 0 and period > 0 else None
 
 
-def usable(cgroup: Path = CGROUP) -> int:
+def usable(cgroup: Path = CGROUP, proc: Path = PROC_CGROUP) -> int:
     """The cores this process may use: the machine's, within its cpuset and its CPU limit."""
     count = os.cpu_count() or 1
     if hasattr(os, "sched_getaffinity"):
@@ -54,8 +108,8 @@ def usable(cgroup: Path = CGROUP) -> int:
             count = min(count, len(os.sched_getaffinity(0)) or count)
         except OSError:
             pass
-    limit = cpu_limit(cgroup)
+    limit = cpu_limit(cgroup, proc)
     return max(1, min(count, limit) if limit is not None else count)
 
 
-__all__ = ["CGROUP", "cpu_limit", "usable"]
+__all__ = ["CGROUP", "MAX_DEPTH", "PROC_CGROUP", "cpu_limit", "usable"]
