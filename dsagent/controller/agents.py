@@ -195,10 +195,11 @@ class PassCalls:
 
     Why: the Datasets are reconciled one after another (their choices and the namespaces'
     charges follow that order), and each asked its nodes in turn, so a pass waited out one
-    round trip per Dataset with a warm-up or replicas. The renewals it repeats every pass
-    (:func:`dsagent.controller.warmup.renewals`) are idempotent, so sending them first
-    changes nothing an agent holds, only when: a node dropped this pass is renewed, then
-    released, in the same pass."""
+    round trip per Dataset with a warm-up, replicas or a stripe group. The renewals it
+    repeats every pass (:func:`dsagent.controller.warmup.renewals`, and the stripe members'
+    holds, :func:`dsagent.controller.striping.share_renewals`) are idempotent, so sending
+    them first changes nothing an agent holds, only when: a node dropped this pass is
+    renewed, then released, in the same pass."""
 
     def __init__(self, call: AgentCall) -> None:
         self._call = call

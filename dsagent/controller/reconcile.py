@@ -65,6 +65,7 @@ from dsagent.controller.striping import (
     job_nodes,
     node_subnets,
     parse_stripe,
+    share_renewals,
     stripe_status,
     striped_pass,
 )
@@ -280,7 +281,12 @@ class DatasetController:
         self.status_writes.begin()  # written on threads meanwhile, all of them before the pass goes on
         calls = PassCalls(self.agent_call)
         try:
-            calls.send(renewals(datasets, self._agent_urls, self.clock()))
+            calls.send(
+                [
+                    *renewals(datasets, self._agent_urls, self.clock()),
+                    *share_renewals(datasets, inventories, self._agent_urls),
+                ]
+            )
         except Exception:  # sending them first is an optimisation: each Dataset still asks its own
             log.exception("sending the pass's renewals together failed; each Dataset asks its agents in turn")
         self._calls = calls

@@ -38,7 +38,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-from dsagent.controller.agents import JSON, AgentCall, on_each
+from dsagent.controller.agents import JSON, AgentCall, Request, on_each
 from dsagent.controller.podfacts import dataset_names, ended, node_of
 from dsagent.kube.datasets import parse_stripe
 from dsagent.kube.leaving import draining
@@ -48,6 +48,7 @@ from dsagent.policy.stripegroup import Candidate, Candidates
 from dsplatform import published
 from dsplatform.boundedjson import count
 from dsplatform.kubetime import format_time, parse_or_none
+from dsplatform.tenancy import acting_for
 from dsplatform.wire import inventory as wire_inventory
 from dsplatform.wire.nodecache import TOPOLOGY_MAX_BYTES
 from dsplatform.wire.stripehold import HOLDING_WHOLE, read_share, release_query, stripe_request
@@ -220,20 +221,11 @@ def stripe_status(
     _release(agent_call, dropped, name, status.get("digest"), who, keep_whole=True)
     peers = {m: agent_urls[m] for m in [*members, *departing]}  # the leaving nodes are asked first
     digest = status.get("digest") if isinstance(status.get("digest"), str) else None
+    group = GroupHold(name, spec, store, members, peers, digest, no_share, who)
 
     def ask(node: str) -> JSON:  # one member's report, after asking its agent to hold its part
-        # its pods read through the agent at once: the store is read for what they read, and
-        # no bundle is held before they start (its fill reads no store for them)
-        on_demand = spec.get("startBeforeWhole") is True and wire_inventory.has_feature(
-            inventories.get(node) or {}, wire_inventory.STRIPE_ON_DEMAND
-        )
-        asked = stripe_request(
-            store, members, peers, digest=digest,
-            no_share=no_share,  # only then: every member's agent says it takes the field (has_feature)
-            whole=node in whole,  # a job's node the version fits holds it whole (docs/design-striping.md#holding)
-            store_on_demand=on_demand, ready_after=0 if on_demand else None,
-        )  # fmt: skip
-        answer = agent_call(node, "PUT", f"/v1/stripes/{name}", dict(asked), who)
+        # a job's node the version fits holds it whole (docs/design-striping.md#holding)
+        answer = agent_call(*group.request(node, whole=node in whole, inventory=inventories.get(node) or {}))
         part: JSON = {"share": False} if node in no_share else {}  # a member owning nothing says so
         share = read_share(answer[1]) if answer is not None and answer[0] == 200 else None
         if share is None:
@@ -257,6 +249,87 @@ def stripe_status(
     if drained or drain:
         out["drain"] = drained or dict(drain)
     return out
+
+
+class GroupHold(NamedTuple):
+    """What a pass asks every member of a version's group, but for the member's own part:
+    :meth:`request` builds the one request, what :func:`stripe_status` sends each member and
+    what a pass sends ahead as a renewal (:func:`share_renewals`;
+    :class:`~dsagent.controller.agents.PassCalls` hands an answer over only to the very same
+    request)."""
+
+    name: str
+    spec: JSON
+    store: str
+    members: Sequence[str]
+    peers: Mapping[str, str]
+    digest: str | None
+    no_share: Sequence[str]
+    who: str
+
+    def request(self, node: str, *, whole: bool, inventory: Mapping[str, Any]) -> Request:
+        """``PUT /v1/stripes/<name>`` asking ``node``'s agent to hold its part (``whole``:
+        every bundle); ``inventory``: the node's, which says whether its agent takes
+        ``storeOnDemand``."""
+        # its pods read through the agent at once: the store is read for what they read, and
+        # no bundle is held before they start (its fill reads no store for them)
+        on_demand = self.spec.get("startBeforeWhole") is True and wire_inventory.has_feature(
+            inventory, wire_inventory.STRIPE_ON_DEMAND
+        )
+        asked = stripe_request(
+            self.store, self.members, self.peers, digest=self.digest,
+            no_share=self.no_share,  # only then: every member's agent says it takes the field (has_feature)
+            whole=whole, store_on_demand=on_demand, ready_after=0 if on_demand else None,
+        )  # fmt: skip
+        return node, "PUT", f"/v1/stripes/{self.name}", dict(asked), self.who
+
+
+#: the members' states in ``status.stripe.nodes`` that hold their part: asked again, their
+#: agents renew a lease and make no room
+_HOLDING = ("ready", "onDemand", "fetching")
+
+
+def share_renewals(
+    datasets: Sequence[JSON], inventories: Mapping[str, Mapping[str, Any]], agent_urls: Mapping[str, str]
+) -> list[Request]:
+    """The holds a pass will most likely send again: each striped Dataset's group as its
+    status recorded it, asked of the members that held their part (:meth:`GroupHold.request`),
+    for :class:`~dsagent.controller.agents.PassCalls` to send together before the Datasets
+    are reconciled one after another. Only renewals: a member that failed or did not answer
+    is left out (asking it could make room for a share the pass then does not choose), and
+    so is a group draining or with a member whose agent is gone, whose pass chooses again.
+    A request the pass does not make after all (its choice changed) is a renewal of what
+    the agent held, before the pass's own request."""
+    out: list[Request] = []
+    for ds in datasets:
+        meta, spec, status = ds.get("metadata"), ds.get("spec"), ds.get("status")
+        if not isinstance(meta, dict) or not isinstance(spec, dict) or not isinstance(status, dict):
+            continue
+        stripe, store, digest = _mapping(status.get("stripe")), spec.get("bundles"), status.get("digest")
+        earlier = [r for r in stripe.get("nodes") or [] if isinstance(r, dict)]
+        members = [str(r.get("node")) for r in earlier]
+        if (
+            parse_stripe(spec.get("stripe")) is None or not count(status.get("bytes")) or not isinstance(store, str)
+            or not earlier or stripe.get("drain") or not all(m in agent_urls for m in members)
+        ):  # fmt: skip
+            continue
+        name = str(meta.get("name", ""))
+        group = GroupHold(
+            name, spec, store, members, {m: agent_urls[m] for m in members},
+            digest if isinstance(digest, str) else None,
+            [str(r.get("node")) for r in earlier if r.get("share") is False],
+            acting_for(str(meta.get("namespace", "default")), name),
+        )  # fmt: skip
+        out += [
+            group.request(str(r.get("node")), whole=r.get("holding") == HOLDING_WHOLE, inventory=_node(inventories, r))
+            for r in earlier
+            if r.get("state") in _HOLDING
+        ]
+    return out
+
+
+def _node(inventories: Mapping[str, Mapping[str, Any]], report: JSON) -> Mapping[str, Any]:
+    return inventories.get(str(report.get("node"))) or {}
 
 
 class Room(NamedTuple):
@@ -421,6 +494,6 @@ def _drain(
 
 
 __all__ = [
-    "Room", "Rooms", "StripedPass", "draining", "job_nodes", "node_rooms", "node_subnets", "parse_stripe",
-    "stripe_status", "striped_pass",
+    "Room", "Rooms", "StripedPass", "GroupHold", "draining", "job_nodes", "node_rooms", "node_subnets",
+    "parse_stripe", "share_renewals", "stripe_status", "striped_pass",
 ]  # fmt: skip

@@ -4,11 +4,13 @@ one after another no longer wait it out in turn, and the status is what asking i
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
 
 from dsagent.controller.agents import PassCalls
+from dsagent.controller.striping import share_renewals
 from dsagent.controller.warmup import renewals, replica_task_id, warm_task_id
 from tests.clock import Clock
 from tests.dsagent.controller.test_controller import agent_pod, controller, inventory
@@ -101,3 +103,90 @@ def test_renewals_are_the_kept_nodes_of_fields_still_there_on_agent_nodes_only()
         ("n1", f"/v1/tasks/{replica_task_id('ml', 'd')}", "ml/d"),
     ]
     assert all(method == "PUT" and body["datasets"][0]["name"] in ("a", "d") for _, method, _, body, _ in out)
+
+
+class StripeAgents(Agents):
+    """Agents holding every share they are asked for, one round trip later; ``refuse``: the
+    nodes whose agent answers 507 (no room)."""
+
+    def __init__(self, refuse: frozenset[str] = frozenset()) -> None:
+        super().__init__()
+        self.refuse = refuse
+        self.bodies: list[tuple[str, str, Any]] = []
+
+    def __call__(self, node: str, method: str, path: str, body: Any, who: str) -> tuple[int, Any]:
+        super().__call__(node, method, path, body, who)
+        self.bodies.append((node, method, body))
+        if method == "PUT" and path.startswith("/v1/stripes/"):
+            if node in self.refuse:
+                return 507, {"message": "no room"}
+            return 200, {"complete": True, "bytesHeld": 10 << 30, "bytesOwned": 10 << 30}
+        return 200, {}
+
+
+def _striped(apiserver: FakeApiServer, datasets: int) -> None:
+    for i in range(4):
+        node = f"n{i}"
+        apiserver.create(make_node(node, annotations={"dsagent.io/inventory": inventory(node, {}, free=90 << 30)}))
+        apiserver.create(agent_pod(node))
+    for i in range(datasets):
+        ds = make_dataset(
+            f"s{i}", namespace="ml", bundles="s3://store/packs", status={"digest": "b" * 32, "bytes": 150 << 30}
+        )
+        ds["spec"]["stripe"] = "auto"
+        apiserver.create(ds)
+
+
+def test_a_settled_pass_renews_its_stripe_groups_together_with_the_same_requests(
+    apiserver: FakeApiServer, api_client: Any
+) -> None:
+    _striped(apiserver, 8)
+    agents = StripeAgents()
+    ctl = controller(api_client, Clock(), agent_call=agents)
+    ctl.reconcile_all()  # the first pass chooses each group: asked Dataset by Dataset
+    first = {f"s{i}": apiserver.get("datasets", f"s{i}", "ml")["status"]["stripe"] for i in range(8)}
+    asked_first = sorted((n, json.dumps(b, sort_keys=True)) for n, m, b in agents.bodies if m == "PUT")
+    agents.calls.clear()
+    agents.bodies.clear()
+    agents.most = 0
+    started = time.monotonic()
+    ctl.reconcile_all()
+    took = time.monotonic() - started
+    puts = [c for c in agents.calls if c[1] == "PUT"]
+    assert len(puts) == len(set(puts)) == sum(first[f"s{i}"]["members"] for i in range(8))  # each member, once
+    assert agents.most > 4  # several Datasets' members at once: not one group's round trip after another
+    assert took < 8 * ROUND_TRIP  # fewer round trips than Datasets (one a Dataset without the renewals)
+    asked_again = sorted((n, json.dumps(b, sort_keys=True)) for n, m, b in agents.bodies if m == "PUT")
+    assert asked_again == asked_first  # the very requests a pass asking in turn sends
+    assert {f"s{i}": apiserver.get("datasets", f"s{i}", "ml")["status"]["stripe"] for i in range(8)} == first
+
+
+def test_share_renewals_are_the_holding_members_of_settled_groups_only() -> None:
+    agent_urls = {n: f"http://{n}:7420" for n in ("n1", "n2", "n3")}
+
+    def striped(name: str, nodes: list[Any], **stripe: Any) -> dict[str, Any]:
+        ds = make_dataset(name, namespace="ml", bundles="s3://store/packs", status={"digest": "b" * 32, "bytes": 100})
+        ds["spec"]["stripe"] = "auto"
+        ds["status"]["stripe"] = {"nodes": nodes, **stripe}
+        return ds
+
+    settled = striped(
+        "a",
+        [
+            {"node": "n1", "state": "ready", "holding": "whole"},
+            {"node": "n2", "state": "failed"},  # refused: asking again could make room for nothing
+            {"node": "n3", "state": "onDemand", "share": False},
+        ],
+    )
+    draining = striped("b", [{"node": "n1", "state": "ready"}], drain={"state": "Moving"})
+    gone = striped("c", [{"node": "n1", "state": "ready"}, {"node": "n9", "state": "ready"}])  # n9: no agent
+    off = striped("d", [{"node": "n1", "state": "ready"}])
+    off["spec"].pop("stripe")  # its pass releases the shares
+    out = share_renewals([settled, draining, gone, off, {"metadata": "junk"}], {}, agent_urls)
+    assert [(node, method, path, who) for node, method, path, _, who in out] == [
+        ("n1", "PUT", "/v1/stripes/a", "ml/a"),
+        ("n3", "PUT", "/v1/stripes/a", "ml/a"),
+    ]
+    whole, shareless = out[0][3], out[1][3]
+    assert whole["members"] == ["n1", "n2", "n3"] and whole["whole"] is True and whole["noShare"] == ["n3"]
+    assert "whole" not in shareless and whole["peers"] == {n: agent_urls[n] for n in ("n1", "n2", "n3")}
