@@ -20,7 +20,9 @@ The rule:
   version that fits a node is read through the window because a job's node has no room
   for it: it has at least :data:`WINDOW_MEMBERS` members, the roomiest nodes joining the
   job's, so that node's every epoch is served by that many uploads, each a fraction of
-  what one node's disk and network serve. An earlier member that still holds its share
+  what one node's disk and network serve. So has a larger version where a job's node joins
+  without a share (it has no room for one): that node, too, reads every byte through the
+  window. An earlier member that still holds its share
   stays when the next job reads the version on other nodes: its bytes are not fetched
   from the store again, and the cache's eviction, not the group, decides when they go. A
   member holding the version whole keeps it whole while it stays a member, whether or not
@@ -164,6 +166,7 @@ def choose_placement(
         return fits and (name not in was_share or _paid(node, size_bytes))
 
     whole_job = {n for n in job if whole_here(n)}
+    spread_shareless = members is None  # the count is the rule's, not the Dataset's
     if members is None:
         # the smallest cache among the members to be: the job's nodes where there are any
         # (one small node elsewhere in the cluster does not add owners to every group)
@@ -184,6 +187,13 @@ def choose_placement(
         nodes, size_bytes=size_bytes, job_nodes=job, before=before, no_share_before=no_share_before,
         members=members, ratio=ratio,
     )  # fmt: skip
+    if spread_shareless and members < WINDOW_MEMBERS and not set(group.no_share).isdisjoint(job):
+        # a job's node that joins without a share reads every byte through the window,
+        # whatever the version's size: its reads are spread over WINDOW_MEMBERS uploads too
+        group = choose_group(
+            nodes, size_bytes=size_bytes, job_nodes=job, before=before, no_share_before=no_share_before,
+            members=WINDOW_MEMBERS, ratio=ratio,
+        )  # fmt: skip
     whole = [
         name
         for name in group.members

@@ -115,6 +115,23 @@ def test_a_fitting_version_a_job_node_has_no_room_for_is_spread_over_window_memb
     assert larger.members == ["n1", "n2", "n5", "n9"]
 
 
+def test_a_larger_version_a_job_node_joins_without_a_share_of_is_spread_over_window_members() -> None:
+    """A version larger than a node, whose job nodes have no room for their shares (their
+    caches hold other versions' last copies): they join without one and read every byte
+    through the window, so the group has WINDOW_MEMBERS members, as for a version that fits
+    a node read through the window; with room, the job's nodes are the group."""
+    full = [Candidate(f"job{i}", free_bytes=0, spare_bytes=0, subnet="s1", cache_bytes=4 * TB) for i in range(2)]
+    job = ["job0", "job1"]
+    placement = choose_placement([*full, *_subnet(24)], size_bytes=5 * TB, job_nodes=job)
+    assert placement.no_share == job and placement.members[:2] == job and placement.whole == []
+    assert len(placement.members) == 2 + WINDOW_MEMBERS  # the job's nodes, and 16 owners
+    roomy = [replace(c, free_bytes=4 * TB, spare_bytes=4 * TB) for c in full]
+    owned = choose_placement([*roomy, *_subnet(24)], size_bytes=5 * TB, job_nodes=job)
+    assert owned.no_share == [] and len(owned.members) == 3  # ceil(1.2 x 5 / (0.5 x 4)): the job's 2 and one
+    fixed = choose_placement([*full, *_subnet(24)], size_bytes=5 * TB, job_nodes=job, members=3)
+    assert fixed.no_share == job and len(fixed.members) == 2 + 3  # a Dataset's own count stands
+
+
 def test_a_member_on_a_share_goes_whole_when_room_appears_only_once_its_window_reads_paid_for_it() -> None:
     """Room appeared on "busy", which started on a share of 1 TB holding 250 GB: it lacks
     750 GB and goes whole once its readers took 750 GB through the window, not before."""
