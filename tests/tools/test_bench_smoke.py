@@ -28,7 +28,7 @@ TABLES = {
     "digest": ["dsagent build_manifest", "ratio of medians (dsagent / C)"],
     "extender": ["p50 ms", "p99 ms", "names     100"],
     "controller": ["node object bytes added max:", "pass s", "peak RSS MiB", "goal: <= 1024 B added per Node"],
-    "webhook": ["median s", "slowest s", "watch", "an admission with the Nodes watched is"],
+    "webhook": ["median s", "slowest s", "watch", "an admission with the Nodes watched is", "process peaks at"],
     "agent_writes": ["writes/node-h mean", "nodecache", "goal: <= 360 writes per node-hour"],
     "extender_memory": ["peak MiB", "json.loads MiB", "go         filter", "reordered  prioritize"],
     "overlap": ["(baseline)", "(overlap)", "(init)", "overlap / baseline ="],

@@ -18,6 +18,12 @@ slowest admission per size and mode, the ratio of the two modes' medians, and th
 average beside each. Goal: at 15,000 nodes such an admission within 1 s, a fifth of the
 chart's ``webhook.timeoutSeconds`` (5 s; past it the API server admits the pod unchanged).
 
+And the memory the default mode holds: a process of its own (this script with
+``--child``, as the webhook's is) starts the node watch, waits for its first list, admits
+one pod from a fresh class view and reports its peak resident set (``VmHWM``); the goal at
+15,000 nodes is the chart's ``webhook.resources.limits.memory`` (768 Mi), past which the
+webhook restarts and pods are admitted unchanged.
+
     .venv/bin/python tools/bench/webhook.py --json docs/results/performance/webhook.json
     .venv/bin/python tools/bench/webhook.py --smoke          # seconds: checks that it runs
 """
@@ -25,8 +31,10 @@ chart's ``webhook.timeoutSeconds`` (5 s; past it the API server admits the pod u
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,6 +47,8 @@ from tools.bench.support.record import Record  # noqa: E402
 
 GOAL_ADMISSION_S_15K = 1.0
 TTL_PAST_S = 6.0  # the view's time to live is 5 s
+#: the chart's ``webhook.resources.limits.memory`` (charts/dsplatform/values.yaml)
+GOAL_PEAK_BYTES_15K = 768 << 20
 
 
 def load() -> float:
@@ -53,8 +63,9 @@ class Clock:
         return self.now
 
 
-def admissions(url: str, count: int, watched: bool) -> list[float]:
-    """Seconds per admission of ``count`` multi-worker pods, each reading the view again."""
+def admissions(url: str, count: int, watched: bool, tag: str = "") -> list[float]:
+    """Seconds per admission of ``count`` multi-worker pods, each reading the view again
+    (each of a job of its own: ``tag`` sets the jobs of one caller apart from another's)."""
     from kubernetes import client
 
     from dsagent.kube.nodewatch import NodeWatch
@@ -77,7 +88,7 @@ def admissions(url: str, count: int, watched: bool) -> list[float]:
         seconds = []
         for i in range(count):
             clock.now += TTL_PAST_S
-            job = f"bench-{'w' if watched else 'l'}-{i}"
+            job = f"bench-{tag or ('w' if watched else 'l')}-{i}"
             labels = {"training.kubeflow.org/job-name": job, "training.kubeflow.org/replica-index": "0"}
             owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": job, "uid": f"uid-{job}"}
             pod = make_pod(f"{job}-worker-0", namespace="ml", labels=labels, gpus=4)
@@ -96,6 +107,24 @@ def admissions(url: str, count: int, watched: bool) -> list[float]:
         api.close()
 
 
+def child(url: str) -> None:
+    """The webhook's memory in a process of its own: the node watch synced, one admission
+    from a fresh class view, then this process's peak resident set, as JSON on stdout."""
+    from tools.bench.controller import rss_status
+
+    seconds = admissions(url, 1, watched=True, tag="process")
+    print(json.dumps({"peak_rss_bytes": rss_status()["VmHWM"], "admission_s": seconds[0]}), flush=True)
+
+
+def peak_in_child(url: str) -> int:
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", url], capture_output=True, text=True, timeout=1200, cwd=ROOT
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"the webhook's process failed: {done.stderr.strip()[-2000:]}")
+    return int(json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_bytes"])
+
+
 def run_size(nodes: int, count: int) -> dict[str, Any]:
     from tools.bench.controller import build
     from tools.support.fake_apiserver import FakeApiServer
@@ -110,6 +139,7 @@ def run_size(nodes: int, count: int) -> dict[str, Any]:
         for mode in ("list", "watch"):
             seconds = admissions(fake.url, count, watched=mode == "watch")
             out[mode] = {"median_s": statistics.median(seconds), "max_s": max(seconds), "load": load()}
+        out["peak_rss_bytes"] = peak_in_child(fake.url)
     return out
 
 
@@ -120,7 +150,11 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the results here (tools/bench/support/record.py)")
     parser.add_argument("--workdir", type=Path, help="unused: every benchmark takes it")
     parser.add_argument("--smoke", action="store_true", help="seconds: 100 nodes, 2 admissions")
+    parser.add_argument("--child", metavar="URL", help=argparse.SUPPRESS)
     opts = parser.parse_args()
+    if opts.child:
+        child(opts.child)
+        return
     if opts.smoke:
         opts.nodes, opts.admissions = "100", 2
     sizes = [int(s) for s in opts.nodes.split(",")]
@@ -134,9 +168,11 @@ def main() -> None:
             figures = result[mode]
             print(f"{size:>6} {mode:>8} {figures['median_s']:>9.3f} {figures['max_s']:>10.3f} {figures['load']:>6.2f}")
             suffix = "" if mode == "watch" else " (Nodes listed at the admission)"
+            # the memory the default mode holds, measured in a process of its own
+            peak = {"peak_rss_bytes": result["peak_rss_bytes"]} if mode == "watch" else {}
             record.row(
                 f"admission reading the class view at {size} nodes{suffix}", "webhook", figures["median_s"],
-                nodes=size, median_s=figures["median_s"], max_s=figures["max_s"], load=figures["load"],
+                nodes=size, median_s=figures["median_s"], max_s=figures["max_s"], load=figures["load"], **peak,
             )  # fmt: skip
         faster = result["list"]["median_s"] / result["watch"]["median_s"]
         record.ratio(
@@ -146,6 +182,7 @@ def main() -> None:
             f"{result['list']['median_s']:.3f} s / {result['watch']['median_s']:.3f} s; load {load():.2f}",
         )
         print(f"# at {size} nodes an admission with the Nodes watched is {faster:.2f}x one listing them", flush=True)
+        print(f"# at {size} nodes the webhook's process peaks at {result['peak_rss_bytes'] >> 20} MiB", flush=True)
     if 15000 in results:
         median = results[15000]["watch"]["median_s"]
         record.ratio(
@@ -157,6 +194,13 @@ def main() -> None:
         print(
             f"goal: admission reading the view at 15,000 nodes <= {GOAL_ADMISSION_S_15K:g} s: {median:.3f} s "
             f"({'met' if median <= GOAL_ADMISSION_S_15K else 'NOT met'})"
+        )
+        peak = results[15000]["peak_rss_bytes"]
+        record.ratio(
+            "webhook peak RSS at 15,000 nodes: the chart's limit / measured",
+            GOAL_PEAK_BYTES_15K / peak,
+            1.0,
+            f"{peak / (1 << 20):.0f} MiB (the process's VmHWM); limit {GOAL_PEAK_BYTES_15K >> 20} MiB",
         )
     print(f"# load average at the end: {load():.2f}")
     record.write(opts.json)
