@@ -154,27 +154,28 @@ def test_a_jobs_full_nodes_join_without_a_share_and_nodes_with_room_own_in_their
     # a 1.5 TB version is owned by node 0 alone; a two-node job starts on nodes 1 and 2,
     # whose 1 TB caches hold the last copies of other versions (no room for a share). As the
     # controller chooses over every agent's inventory, they join without a share and empty
-    # nodes own in their place: node 0 and three more, the size rule's four owners
-    # (ceil(1.2 x 1.5 TB / (0.5 x 1 TB))), so the job's ranks read over four uploads, not one
+    # nodes own in their place: node 0 and 15 more, not the size rule's four
+    # (ceil(1.2 x 1.5 TB / (0.5 x 1 TB))): a node without a share reads every byte through
+    # the window, so its reads are spread over WINDOW_MEMBERS uploads
     data = [Dataset("big", 3 * TB // 2, (0.0,)), Dataset("a", 9 * TB // 10, (0.0,)), Dataset("b", 9 * TB // 10, (0.0,))]
-    sim = Simulation("ours+stripe+early", [], data, _params(6), seed=3)
+    sim = Simulation("ours+stripe+early", [], data, _params(24), seed=3)
     size = 3 * TB // 2
     for node, name in ((1, "a"), (2, "b")):  # the only copies of a and b
         _ready(sim, node, (name, 0), 9 * TB // 10)
     group = _join_on(sim, ("big", 0), size, (1, 2))
     owners = {m for m, owned in group.owned.items() if owned > 0}
     assert {1, 2} <= set(group.members) and not owners & {1, 2}, "the full nodes own nothing"
-    assert 0 in owners and len(owners) == 4, "nodes with room own in their place"
+    assert 0 in owners and len(owners) == holding.WINDOW_MEMBERS, "nodes with room own in their place"
     assert sum(group.owned.values()) == pytest.approx(size, rel=1e-6)
 
 
 def test_a_later_join_hands_no_bundles_to_members_that_joined_without_a_share() -> None:
     # as above, full nodes 1 and 2 join the group of a 1.5 TB version without a share, and
-    # the owners fill every bundle. A second job then starts on node 7: the re-plan gives
+    # the 16 owners fill every bundle. A second job then starts on another node: the re-plan gives
     # slots to owners only, so nodes 1 and 2 still own nothing and no owner's bundles are
     # handed to a node that does not hold them (which would read them from the store again)
     data = [Dataset("big", 3 * TB // 2, (0.0,)), Dataset("a", 9 * TB // 10, (0.0,)), Dataset("b", 9 * TB // 10, (0.0,))]
-    sim = Simulation("ours+stripe+early", [], data, _params(8), seed=3)
+    sim = Simulation("ours+stripe+early", [], data, _params(20), seed=3)
     size = 3 * TB // 2
     for node, name in ((1, "a"), (2, "b")):
         _ready(sim, node, (name, 0), 9 * TB // 10)
@@ -182,13 +183,14 @@ def test_a_later_join_hands_no_bundles_to_members_that_joined_without_a_share() 
     group.fill = dict.fromkeys(group.fill, 1.0)  # every owner holds its share whole
     held = sum(group.owned[m] * group.fill[m] for m in group.members if m in group.holding)
     out = Outcome(_job(2, 10.0, 1, "big"), start=10.0)
-    out.workers = [Worker(sim.nodes[7], (0,), frozenset())]
+    outside = next(i for i in range(20) if i not in group.members)  # 18 members of 20 nodes
+    out.workers = [Worker(sim.nodes[outside], (0,), frozenset())]
     sim._join(out, group, ("big", 0), size)
     assert not group.owned.get(1) and not group.owned.get(2), "a node without a share owns nothing after a re-plan"
-    # the four owners still hold their shares and stay, node 7 joins (five owners); nodes 1
+    # the 16 owners still hold their shares and stay, the new node joins (17 owners); nodes 1
     # and 2 owned nothing for a job that ended: they leave, as the controller lets them go
     owners = {m for m, owned in group.owned.items() if owned > 0}
-    assert 7 in owners and len(owners) == 5
+    assert outside in owners and len(owners) == holding.WINDOW_MEMBERS + 1
     assert not {1, 2} & set(group.members) and not group.shareless
     assert sum(group.owned.values()) == pytest.approx(size, rel=1e-6)
     kept = sum(group.owned[m] * group.fill.get(m, 0.0) for m in group.members if m in group.holding)

@@ -41,11 +41,16 @@ class Agents:
         }
 
 
-def _cluster(apiserver: FakeApiServer, datasets: int) -> None:
+def _nodes(apiserver: FakeApiServer, free: int) -> None:
+    """Four agent nodes, each with ``free`` bytes of cache."""
     for i in range(4):
         node = f"n{i}"
-        apiserver.create(make_node(node, annotations={"dsagent.io/inventory": inventory(node, {}, free=50 << 30)}))
+        apiserver.create(make_node(node, annotations={"dsagent.io/inventory": inventory(node, {}, free=free)}))
         apiserver.create(agent_pod(node))
+
+
+def _cluster(apiserver: FakeApiServer, datasets: int) -> None:
+    _nodes(apiserver, 50 << 30)
     for i in range(datasets):
         ds = make_dataset(f"d{i}", namespace="ml")
         ds["spec"]["warm"] = {"nodes": 2}
@@ -125,10 +130,7 @@ class StripeAgents(Agents):
 
 
 def _striped(apiserver: FakeApiServer, datasets: int) -> None:
-    for i in range(4):
-        node = f"n{i}"
-        apiserver.create(make_node(node, annotations={"dsagent.io/inventory": inventory(node, {}, free=90 << 30)}))
-        apiserver.create(agent_pod(node))
+    _nodes(apiserver, 90 << 30)
     for i in range(datasets):
         ds = make_dataset(
             f"s{i}", namespace="ml", bundles="s3://store/packs", status={"digest": "b" * 32, "bytes": 150 << 30}
