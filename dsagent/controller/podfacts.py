@@ -36,6 +36,7 @@ from dsplatform.gpus import pod_gpus as requested_gpus
 from dsplatform.kubetime import parse_or_none
 from dsplatform.names import is_digest, is_name
 from dsplatform.wire.podannotations import progress_of
+from scheduling.podspec import DATASETS_ANNOTATION, parse_datasets
 
 DURATION_ANNOTATION = "dsagent.io/duration"
 MAX_DURATION_S = 90 * 86400.0
@@ -112,15 +113,26 @@ def expected_end(pod: Mapping[str, Any]) -> float | None:
 
 def dataset_names(pod: Mapping[str, Any]) -> tuple[str, ...]:
     """The Dataset names a pod asks for by name (inline sources are left out)."""
-    from scheduling.podspec import DATASETS_ANNOTATION, parse_datasets
-
     text = _annotation(pod, DATASETS_ANNOTATION)
     if text is None or len(text) > 64 * 1024:
         return ()
+    # a job's pods name their Datasets with one text, read again every pass: parsed once
+    return _names_of_known(text) if len(text) <= _KEPT_TEXT_MAX else _names_of(text)
+
+
+#: the longest annotation whose names are kept between passes: 4,096 texts of at most 1 KiB
+#: each hold a few MiB at most, whatever the pods write
+_KEPT_TEXT_MAX = 1024
+
+
+def _names_of(text: str) -> tuple[str, ...]:
     wants, error = parse_datasets(text)
     if error is not None:
         return ()
     return tuple(w.name for w in wants if is_name(w.name))
+
+
+_names_of_known = lru_cache(maxsize=4096)(_names_of)
 
 
 def current_version(dataset: Mapping[str, Any]) -> Want | None:

@@ -315,3 +315,20 @@ def test_the_controller_process_lets_its_first_pass_that_reads_every_pod_start_t
     finally:
         if ctl.node_watch is not None:
             ctl.node_watch.stop()
+
+
+def test_a_pods_dataset_names_are_parsed_once_per_text_and_a_long_text_is_never_kept() -> None:
+    from dsagent.controller import podfacts
+
+    def pod(text: str) -> dict[str, Any]:
+        return make_pod("p", namespace="ml", annotations={"dsagent.io/datasets": text})
+
+    podfacts._names_of_known.cache_clear()
+    job = [pod("imagenet,coco") for _ in range(50)]  # a job's pods: one text
+    assert {podfacts.dataset_names(p) for p in job} == {("imagenet", "coco")}
+    info = podfacts._names_of_known.cache_info()
+    assert (info.misses, info.hits) == (1, 49)
+    long = ",".join(f"d{i}" for i in range(1000))  # 5.9 kB: parsed each time, never held
+    assert podfacts.dataset_names(pod(long)) == tuple(f"d{i}" for i in range(1000))
+    assert podfacts._names_of_known.cache_info().currsize == 1
+    assert podfacts.dataset_names(pod("x" * (64 * 1024 + 1))) == ()  # past the bound: not read at all
