@@ -56,7 +56,8 @@ def _own_cgroups(proc: Path) -> dict[str, str]:
     """``/proc/self/cgroup`` as controller -> path: ``""`` for the cgroup v2 hierarchy, ``"cpu"``
     for the v1 one the cpu controller is in; empty where it cannot be read."""
     try:
-        text = proc.read_text()[:65536]
+        with proc.open(encoding="utf-8", errors="replace") as file:
+            text = file.read(65536)  # a few lines from the kernel; no more is read
     except OSError:
         return {}
     out = {}

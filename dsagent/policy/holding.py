@@ -22,9 +22,9 @@ The rule:
   job's, so that node's every epoch is served by that many uploads, each a fraction of
   what one node's disk and network serve. So has a larger version where a job's node joins
   without a share (it has no room for one): that node, too, reads every byte through the
-  window. An earlier member that still holds its share
-  stays when the next job reads the version on other nodes: its bytes are not fetched
-  from the store again, and the cache's eviction, not the group, decides when they go. A
+  window. An earlier member that still holds its share stays when the next job reads the
+  version on other nodes: its bytes are not fetched from the store again, and the cache's
+  eviction, not the group, decides when they go. A
   member holding the version whole keeps it whole while it stays a member, whether or not
   its pods still read it; one the group lets go keeps its copy (the controller releases it
   with ``keep=whole``) until the cache evicts it.
