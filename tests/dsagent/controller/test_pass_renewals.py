@@ -23,13 +23,26 @@ class Agents:
     """Agents answering each call one round trip later, counting the calls in flight."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, str, str, str]] = []
+        self.requests: list[tuple[str, str, str, Any, str]] = []
         self.in_flight = self.most = 0
         self._lock = threading.Lock()
 
+    @property
+    def calls(self) -> list[tuple[str, str, str, str]]:
+        """Each request as (node, method, path, acting-for)."""
+        return [(node, method, path, who) for node, method, path, _, who in self.requests]
+
+    def puts(self) -> list[tuple[str, str]]:
+        """Each PUT as (node, its body as JSON), sorted."""
+        return sorted((r[0], json.dumps(r[3], sort_keys=True)) for r in self.requests if r[1] == "PUT")
+
+    def clear(self) -> None:
+        self.requests.clear()
+        self.most = 0
+
     def __call__(self, node: str, method: str, path: str, body: Any, who: str) -> tuple[int, Any]:
         with self._lock:
-            self.calls.append((node, method, path, who))
+            self.requests.append((node, method, path, body, who))
             self.in_flight += 1
             self.most = max(self.most, self.in_flight)
         time.sleep(ROUND_TRIP)
@@ -39,6 +52,24 @@ class Agents:
         return 200, {
             "datasets": [{"state": "ready" if done == 100 else "fetching", "bytesDone": done, "sizeBytes": 100}]
         }
+
+
+def _settled_pass(
+    apiserver: FakeApiServer, ctl: Any, agents: Agents, field: str, names: list[str]
+) -> tuple[dict[str, Any], dict[str, Any], list[tuple[str, str]], float]:
+    """A first pass, which chooses the nodes (asked Dataset by Dataset), then a settled one:
+    each Dataset's ``status.<field>`` after each, the first pass's PUTs (:meth:`Agents.puts`)
+    and the second pass's seconds; ``agents`` then holds the second pass's calls alone."""
+
+    def statuses() -> dict[str, Any]:
+        return {name: apiserver.get("datasets", name, "ml")["status"][field] for name in names}
+
+    ctl.reconcile_all()
+    first, asked_first = statuses(), agents.puts()
+    agents.clear()
+    started = time.monotonic()
+    ctl.reconcile_all()
+    return first, statuses(), asked_first, time.monotonic() - started
 
 
 def _nodes(apiserver: FakeApiServer, free: int) -> None:
@@ -63,15 +94,10 @@ def test_a_settled_pass_sends_its_renewals_together_and_reports_what_each_node_s
     _cluster(apiserver, 12)
     agents = Agents()
     ctl = controller(api_client, Clock(), agent_call=agents)
-    ctl.reconcile_all()  # the first pass chooses the nodes: asked Dataset by Dataset
-    first = {f"d{i}": apiserver.get("datasets", f"d{i}", "ml")["status"]["warm"] for i in range(12)}
-    agents.calls.clear()
-    agents.most = 0
-    ctl.reconcile_all()
+    first, again, _, _ = _settled_pass(apiserver, ctl, agents, "warm", [f"d{i}" for i in range(12)])
     puts = [c for c in agents.calls if c[1] == "PUT"]
     assert len(puts) == 24 and len(set(puts)) == 24  # each Dataset's two nodes, once each
     assert agents.most > 2  # several Datasets' nodes at once: not one Dataset's round trip after another
-    again = {f"d{i}": apiserver.get("datasets", f"d{i}", "ml")["status"]["warm"] for i in range(12)}
     assert again == first  # the same nodes, states and bytes as asking in turn
 
 
@@ -111,20 +137,11 @@ def test_renewals_are_the_kept_nodes_of_fields_still_there_on_agent_nodes_only()
 
 
 class StripeAgents(Agents):
-    """Agents holding every share they are asked for, one round trip later; ``refuse``: the
-    nodes whose agent answers 507 (no room)."""
-
-    def __init__(self, refuse: frozenset[str] = frozenset()) -> None:
-        super().__init__()
-        self.refuse = refuse
-        self.bodies: list[tuple[str, str, Any]] = []
+    """Agents holding every share they are asked for, one round trip later."""
 
     def __call__(self, node: str, method: str, path: str, body: Any, who: str) -> tuple[int, Any]:
         super().__call__(node, method, path, body, who)
-        self.bodies.append((node, method, body))
         if method == "PUT" and path.startswith("/v1/stripes/"):
-            if node in self.refuse:
-                return 507, {"message": "no room"}
             return 200, {"complete": True, "bytesHeld": 10 << 30, "bytesOwned": 10 << 30}
         return 200, {}
 
@@ -145,22 +162,13 @@ def test_a_settled_pass_renews_its_stripe_groups_together_with_the_same_requests
     _striped(apiserver, 8)
     agents = StripeAgents()
     ctl = controller(api_client, Clock(), agent_call=agents)
-    ctl.reconcile_all()  # the first pass chooses each group: asked Dataset by Dataset
-    first = {f"s{i}": apiserver.get("datasets", f"s{i}", "ml")["status"]["stripe"] for i in range(8)}
-    asked_first = sorted((n, json.dumps(b, sort_keys=True)) for n, m, b in agents.bodies if m == "PUT")
-    agents.calls.clear()
-    agents.bodies.clear()
-    agents.most = 0
-    started = time.monotonic()
-    ctl.reconcile_all()
-    took = time.monotonic() - started
+    first, again, asked_first, took = _settled_pass(apiserver, ctl, agents, "stripe", [f"s{i}" for i in range(8)])
     puts = [c for c in agents.calls if c[1] == "PUT"]
     assert len(puts) == len(set(puts)) == sum(first[f"s{i}"]["members"] for i in range(8))  # each member, once
     assert agents.most > 4  # several Datasets' members at once: not one group's round trip after another
     assert took < 8 * ROUND_TRIP  # fewer round trips than Datasets (one a Dataset without the renewals)
-    asked_again = sorted((n, json.dumps(b, sort_keys=True)) for n, m, b in agents.bodies if m == "PUT")
-    assert asked_again == asked_first  # the very requests a pass asking in turn sends
-    assert {f"s{i}": apiserver.get("datasets", f"s{i}", "ml")["status"]["stripe"] for i in range(8)} == first
+    assert agents.puts() == asked_first  # the very requests a pass asking in turn sends
+    assert again == first
 
 
 def test_share_renewals_are_the_holding_members_of_settled_groups_only() -> None:
