@@ -494,6 +494,6 @@ def _drain(
 
 
 __all__ = [
-    "Room", "Rooms", "StripedPass", "GroupHold", "draining", "job_nodes", "node_rooms", "node_subnets",
+    "GroupHold", "Room", "Rooms", "StripedPass", "draining", "job_nodes", "node_rooms", "node_subnets",
     "parse_stripe", "share_renewals", "stripe_status", "striped_pass",
 ]  # fmt: skip

@@ -61,9 +61,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import zstandard
 
 from dsagent.format import native
+from dsagent.format.zstdframes import ZSTD_BLOCK_MAX, ZSTD_MAGIC
 
 #: Block size of the decision and of a raw block (zstd's largest block).
-BLOCK = 128 << 10
+BLOCK = ZSTD_BLOCK_MAX
 #: A block is stored raw unless zstd would shrink it below this share of its size, its
 #: zero runs aside (in tenths: the verdict is integer arithmetic).
 _RAW_TENTHS = 9
@@ -73,7 +74,7 @@ _PIECES = 64
 _PIECE = 32
 #: zstd frame magic, then a frame header descriptor with no content size, no checksum,
 #: no dictionary, not single-segment, then a window descriptor of 128 KiB (2**(10+7)).
-RAW_FRAME_HEADER = struct.pack("<IBB", 0xFD2FB528, 0x00, 7 << 3)
+RAW_FRAME_HEADER = struct.pack("<IBB", ZSTD_MAGIC, 0x00, 7 << 3)
 _RAW = 0
 _RLE = 1
 _LAST = 1
