@@ -15,7 +15,6 @@ import copy
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dsagent.controller.controllermetrics import ControllerMetrics
 from dsagent.webhook.admissionmetrics import WebhookMetrics
 from tests.charts.test_chart import PRODUCTION, render
-from tools.support.harness import ADMIN_TOKEN, AgentProcess
+from tools.support.harness import ADMIN_TOKEN, AgentProcess, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -52,12 +51,6 @@ def families(text: str) -> dict[str, set[tuple[tuple[str, str], ...]]]:
         for sample in family.samples:
             out.setdefault(sample.name, set()).add(tuple(sorted(sample.labels.items())))
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

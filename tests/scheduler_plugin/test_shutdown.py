@@ -12,15 +12,9 @@ import time
 import pytest
 
 from scheduler_plugin.__main__ import SHUTDOWN_GRACE_S
+from tools.support.harness import free_port
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def test_the_extender_exits_after_sigterm_with_a_request_stalled_mid_body() -> None:

@@ -12,20 +12,15 @@ import sys
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tools.support.harness import free_port
 
 pytestmark = pytest.mark.slow  # each test starts the server as a process
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_the_local_s3_server_serves_its_bucket_to_the_environment_it_prints() -> None:
     import s3fs
 
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, str(REPO_ROOT / "tools/s3local/serve.py"), "--port", str(port), "--bucket", "trial"],
         stdout=subprocess.PIPE,

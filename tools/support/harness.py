@@ -14,6 +14,7 @@ Who uses it: the agent's tests and the fault injection's kill points
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import os
 import re
@@ -24,7 +25,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -148,9 +149,28 @@ def eventually(predicate: Callable[[], Any], timeout: float = 30, what: str = "c
 
 
 def free_port() -> int:
+    """A TCP port no socket holds on any address: probed on the wildcard address, since
+    tests also listen on 127.0.0.2 and up, which a probe on 127.0.0.1 would not see."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("0.0.0.0", 0))
         return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def held_port() -> Iterator[int]:
+    """A TCP port kept from everyone else while the block runs, for servers that bind it
+    later (agents on 127.0.0.2, 127.0.0.3, ... sharing one port, as pods do).
+
+    A socket bound to the wildcard address with SO_REUSEADDR and never listening holds the
+    port: another process's bind there, or an outgoing socket's ephemeral port, is refused
+    on every address, while a listener that also sets SO_REUSEADDR (the agent does) binds
+    it. A port only probed and let go could be taken between the probe and the agents'
+    start by another test's outgoing connection from 127.0.0.2.
+    """
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("0.0.0.0", 0))
+        yield int(holder.getsockname()[1])
 
 
 def unix_socket_listening(path: Path) -> bool:

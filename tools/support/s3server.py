@@ -20,20 +20,16 @@ from typing import Any
 
 import httpx
 
+from tools.support.harness import free_port
+
 KEY, SECRET = "testing-key", "testing-secret"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class S3Server:
     """``moto.server`` on 127.0.0.1; ``auth_actions`` unauthenticated calls, then IAM is enforced."""
 
     def __init__(self, log: Path, *, auth_actions: int | None = None) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         env = {
             **os.environ,

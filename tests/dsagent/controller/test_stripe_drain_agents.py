@@ -52,7 +52,7 @@ from tests.clock import Clock
 from tests.dsagent.conftest import write_tree
 from tests.dsagent.controller.test_controller import NS, agent_pod
 from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node
-from tools.support.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer, eventually, free_port
+from tools.support.harness import ADMIN_TOKEN, AgentProcess, LoopbackServer, eventually, held_port
 
 pytest.importorskip("aiohttp")
 pytestmark = pytest.mark.slow  # four agent processes
@@ -166,66 +166,66 @@ def _group(
     write_tree(tmp_path / "www" / "src", files)
     manifest = pack(tmp_path / "www" / "src", tmp_path / "www" / "store", name="imgs", max_files=2)
     store = LoopbackServer(tmp_path / "www")
-    port = free_port()
-    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
-    in_cluster = {
-        "DSAGENT_KUBERNETES": "1",
-        "KUBECONFIG": str(kubeconfig),
-        "DSAGENT_PUBLISH_INTERVAL": "200ms",
-        # the machine's own disk fullness must not decide the group (tests/dsagent/cache/test_disk_floor.py)
-        "DSAGENT_RESERVE": "0",
-        "DSAGENT_NODEFS_AVAILABLE": "0",
-    }
-    agents = {
-        node: AgentProcess(
-            tmp_path / node,
-            tcp=True,
-            host=f"127.0.0.{i + 2}",
-            port=port,
-            env={
-                "DSAGENT_NODE_NAME": node,
-                "DSAGENT_PEER_TOKEN": TOKEN,
-                **in_cluster,
-                **(env or {}),
-                **(node_env or {}).get(node, {}),
-            },
-            local_sources=local_sources,
-        )  # fmt: skip
-        for i, node in enumerate(NODES)
-    }
-    try:
-        for node, agent in agents.items():
-            apiserver.create(make_node(node, address=agent.host))  # peers look each other up by it
-            apiserver.create(agent_pod(node, ip=agent.host))
-        for agent in agents.values():
-            agent.start()
-        eventually(lambda: all(_inventory(apiserver, node) for node in NODES), what="every agent's inventory")
-        status = {"digest": manifest.digest, "bytes": manifest.total_bytes, "files": len(files)}
-        ds = make_dataset("imgs", namespace="ml", bundles=f"{store.url}/store", status=status)
-        ds["spec"]["stripe"] = stripe if stripe is not None else {"members": 3}
-        apiserver.create(ds)
-        settings = ControllerSettings.model_validate(
-            {
-                "namespace": NS,
-                "identity": "c-1",
-                "admin_token": ADMIN_TOKEN,
-                "agent_port": port,
-                "stripe_drain_timeout_s": 600,
-                # the controller's clock is moved past the drain bound by hand; the agents date
-                # their inventories by the wall clock: they must not look stale for that
-                "inventory_max_age": 3600,
-            }
-        )
-        clock = Clock()
-        clock.now = time.time()  # the agents date their inventories by the wall clock
-        ctl = DatasetController(api_client, settings, clock=clock)
-        calls = _Observed(ctl.agent_call, agents, manifest.digest)  # the real one: HTTP to the agents
-        ctl.agent_call = calls
-        yield _Group(manifest, store, agents, ctl, clock, calls)
-    finally:
-        for agent in agents.values():
-            agent.stop()
-        store.close()
+    with held_port() as port:  # kept from other tests until the agents stop
+        kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+        in_cluster = {
+            "DSAGENT_KUBERNETES": "1",
+            "KUBECONFIG": str(kubeconfig),
+            "DSAGENT_PUBLISH_INTERVAL": "200ms",
+            # the machine's own disk fullness must not decide the group (tests/dsagent/cache/test_disk_floor.py)
+            "DSAGENT_RESERVE": "0",
+            "DSAGENT_NODEFS_AVAILABLE": "0",
+        }
+        agents = {
+            node: AgentProcess(
+                tmp_path / node,
+                tcp=True,
+                host=f"127.0.0.{i + 2}",
+                port=port,
+                env={
+                    "DSAGENT_NODE_NAME": node,
+                    "DSAGENT_PEER_TOKEN": TOKEN,
+                    **in_cluster,
+                    **(env or {}),
+                    **(node_env or {}).get(node, {}),
+                },
+                local_sources=local_sources,
+            )  # fmt: skip
+            for i, node in enumerate(NODES)
+        }
+        try:
+            for node, agent in agents.items():
+                apiserver.create(make_node(node, address=agent.host))  # peers look each other up by it
+                apiserver.create(agent_pod(node, ip=agent.host))
+            for agent in agents.values():
+                agent.start()
+            eventually(lambda: all(_inventory(apiserver, node) for node in NODES), what="every agent's inventory")
+            status = {"digest": manifest.digest, "bytes": manifest.total_bytes, "files": len(files)}
+            ds = make_dataset("imgs", namespace="ml", bundles=f"{store.url}/store", status=status)
+            ds["spec"]["stripe"] = stripe if stripe is not None else {"members": 3}
+            apiserver.create(ds)
+            settings = ControllerSettings.model_validate(
+                {
+                    "namespace": NS,
+                    "identity": "c-1",
+                    "admin_token": ADMIN_TOKEN,
+                    "agent_port": port,
+                    "stripe_drain_timeout_s": 600,
+                    # the controller's clock is moved past the drain bound by hand; the agents date
+                    # their inventories by the wall clock: they must not look stale for that
+                    "inventory_max_age": 3600,
+                }
+            )
+            clock = Clock()
+            clock.now = time.time()  # the agents date their inventories by the wall clock
+            ctl = DatasetController(api_client, settings, clock=clock)
+            calls = _Observed(ctl.agent_call, agents, manifest.digest)  # the real one: HTTP to the agents
+            ctl.agent_call = calls
+            yield _Group(manifest, store, agents, ctl, clock, calls)
+        finally:
+            for agent in agents.values():
+                agent.stop()
+            store.close()
 
 
 def _inventory(apiserver: FakeApiServer, node: str) -> dict[str, Any] | None:

@@ -24,6 +24,7 @@ from dsagent.webhook.mutation import INIT_CONTAINER, Injection
 from dsagent.webhook.server import decide, response
 from tests.charts.test_chart import NAMESPACE, find, render
 from tools.support.fake_apiserver import FakeApiServer, json_patch, make_dataset
+from tools.support.harness import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -142,13 +143,6 @@ def chart_tls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "ca": base64.b64decode(webhook["clientConfig"]["caBundle"]).decode(),
         "host": f"{service['metadata']['name']}.{NAMESPACE}.svc",
     }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="module")
