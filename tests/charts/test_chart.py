@@ -461,8 +461,9 @@ def test_the_extender_only_lists_and_watches(rendered: dict[str, list[dict[str, 
     }
 
 
-def test_without_gpu_classes_the_webhook_only_reads_datasets(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    assert rules_of(render({"gpuClasses": {"enabled": False}}), "-webhook") == {("dsagent.io", "datasets", "get")}
+def test_without_gpu_classes_or_plans_the_webhook_only_reads_datasets(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    without = {"gpuClasses": {"enabled": False}, "webhook": {"deadlinePlans": {"enabled": False}}}
+    assert rules_of(render(without), "-webhook") == {("dsagent.io", "datasets", "get")}
     # the default (auto) lists nodes and keeps job Leases, as with the class rewrite on
     assert rules_of(rendered["default"], "-webhook") == rules_of(rendered["gpu-classes"], "-webhook")
 

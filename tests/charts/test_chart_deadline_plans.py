@@ -28,16 +28,29 @@ def lists_nodes(rules: list[dict[str, Any]]) -> bool:
     return any("nodes" in r.get("resources", []) and "list" in r.get("verbs", []) for r in rules)
 
 
-def test_off_by_default_the_webhook_neither_plans_nor_lists_nodes() -> None:
+def test_on_by_default_the_webhook_plans_the_pods_that_ask_and_reads_the_nodes() -> None:
     env, rules, expression = webhook_parts()
-    assert env["DSAGENT_WEBHOOK_DEADLINE_PLANS"] == "false" and env["DSAGENT_WEBHOOK_PLAN_FORMULA"] == "efficiency"
-    # nodes are listed by the class rewrite (auto by default), not for plans
-    assert not lists_nodes(webhook_parts({"gpuClasses": {"enabled": False}})[1])
-    # the plan loop is on by default: a pod that asks for a plan reaches the webhook, for the gate
+    own = {k: v for k, v in env.items() if k.startswith("DSAGENT_WEBHOOK_") and not k.endswith("_FILE")}
+    settings = WebhookSettings.read(own, injection=Injection(image="img:1"))
+    assert settings.deadline_plans and settings.plan_formula == "efficiency"
+    # it lists the nodes for the plans even where the class rewrite does not
+    assert lists_nodes(rules) and lists_nodes(webhook_parts({"gpuClasses": {"enabled": False}})[1])
+    # the plan loop is on by default too: a pod that asks for a plan reaches the webhook
     assert env["DSAGENT_WEBHOOK_PLAN_GATES"] == "true"
     assert "'dsagent.io/deadline-plan' in object.metadata.annotations" in expression
     off, _, quiet = webhook_parts({"controller": {"planGates": {"enabled": False}}})
-    assert off["DSAGENT_WEBHOOK_PLAN_GATES"] == "false" and "dsagent.io/deadline-plan" not in quiet
+    assert off["DSAGENT_WEBHOOK_PLAN_GATES"] == "false"
+    assert "'dsagent.io/deadline-plan' in object.metadata.annotations" in quiet  # for the applied plans
+
+
+def test_off_the_webhook_neither_plans_nor_lists_nodes_for_plans() -> None:
+    values = {"webhook": {"deadlinePlans": {"enabled": False}}}
+    env, _, _ = webhook_parts(values)
+    assert env["DSAGENT_WEBHOOK_DEADLINE_PLANS"] == "false"
+    # nodes are then listed by the class rewrite (auto by default) only
+    assert not lists_nodes(webhook_parts({**values, "gpuClasses": {"enabled": False}})[1])
+    off = {**values, "controller": {"planGates": {"enabled": False}}}
+    assert "dsagent.io/deadline-plan" not in webhook_parts(off)[2]
 
 
 def test_enabled_the_webhook_plans_lists_nodes_and_sees_pods_that_opt_in() -> None:
