@@ -426,7 +426,7 @@ async def fetch_bundles(
                     manifest,
                     bundle,
                     staging,
-                    storage_options=bound_options(store, source.storage_options, address),
+                    storage_options=bound_options(store, source.storage_options, address, lease.netns),
                     progress=count,
                     in_place=True,
                     decoders=decoders,

@@ -35,8 +35,9 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import httpcore
 import httpx
 
 from dsagent.cache.metrics import Metrics
@@ -44,6 +45,10 @@ from dsagent.cache.settings import Settings
 from dsagent.errors import CacheDiskError, InsufficientSpace, IntegrityError, TransientError
 from dsagent.format.egress import CheckedClient, Guard
 from dsagent.format.storageconfig import Options, store_options
+from dsplatform import netns
+
+if TYPE_CHECKING:
+    from gpu_topology.model import Nic
 
 log = logging.getLogger("dsagent.fetchlinks")
 
@@ -65,9 +70,10 @@ def can_bind(store: str) -> bool:
     return store.startswith(("http://", "https://", "s3://", "s3a://"))
 
 
-def bound_options(store: str, options: Options, address: str | None) -> Options:
+def bound_options(store: str, options: Options, address: str | None, netns: str | None = None) -> Options:
     """``options`` for reading bundles from ``store`` with every connection leaving from
-    ``address`` (None: unchanged). ``http(s)://``: an aiohttp session of our own
+    ``address`` (None: unchanged), its socket made in the network namespace ``netns`` (None:
+    the agent's own; :mod:`dsplatform.netns`). ``http(s)://``: an aiohttp session of our own
     (``get_client``); ``s3://``: aiobotocore's connector ``socket_factory``. Other stores
     (gcs, azure, local paths) use the default route."""
     if address is None or not can_bind(store):
@@ -75,14 +81,41 @@ def bound_options(store: str, options: Options, address: str | None) -> Options:
     given = store_options(options)
     merged = dict(given.values)
     if store.startswith(("http://", "https://")):
-        merged["get_client"] = CheckedClient(None, address)  # the agent's egress rule joins it in resolve()
+        merged["get_client"] = CheckedClient(None, address, netns)  # the agent's egress rule joins it in resolve()
     else:
         config = dict(merged.get("config_kwargs") or {})
         connector = dict(config.get("connector_args") or {})
-        connector["socket_factory"] = Guard(None, address)
+        connector["socket_factory"] = Guard(None, address, netns)
         config["connector_args"] = connector
         merged["config_kwargs"] = config
     return given.with_values(merged)
+
+
+class _NamespaceBackend(httpcore.SyncBackend):
+    """httpcore's own connect, run in the network namespace ``where`` (the socket is its)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.NetworkStream:
+        return netns.entered(self.where).call(super().connect_tcp, *args, **kwargs)
+
+
+def transport_in(where: str, address: str, limits: httpx.Limits) -> httpx.HTTPTransport:
+    """An httpx transport whose connections leave from ``address`` over sockets of the
+    network namespace ``where`` (a peer fetch's link, :class:`~dsagent.cache.peers.PeerFetcher`).
+
+    httpx's transport takes no network backend, so its pool is replaced by httpcore's own
+    pool with one: the transport's request and response mapping stays httpx's."""
+    transport = httpx.HTTPTransport(local_address=address, limits=limits)
+    transport._pool = httpcore.ConnectionPool(
+        max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_keepalive_connections,
+        keepalive_expiry=limits.keepalive_expiry,
+        local_address=address,
+        network_backend=_NamespaceBackend(where),
+    )
+    return transport
 
 
 def addresses_of(nics: Sequence[Any]) -> tuple[str, ...]:
@@ -109,8 +142,17 @@ def resolve_addresses(settings: Settings, topology: Any = None) -> tuple[str, ..
     same NUMA node; or every RoCE NIC when no GPU is known) from ``topology`` or, when None,
     the node's own discovered; an address no socket here can leave from is left out, with a
     warning (with ``auto`` and none here at all, the agent on a pod network, an info line).
-    Fewer than two: () (one link is the default route). Blocking."""
+    With ``DSAGENT_FETCH_NETNS`` the NICs' addresses, and whether a socket can leave from
+    one, are those of that network namespace (the node's). Fewer than two: () (one link is
+    the default route). Blocking."""
     links = settings.fetch_links
+    where = settings.fetch_netns
+    if where is not None:
+        try:
+            netns.entered(where)
+        except netns.NamespaceError as exc:  # the operator's setting: said, and the default route
+            log.warning("fetch links: %s; fetching over the default route", exc)
+            return ()
     if links == ("auto",):
         from gpu_topology import TopologyError, discover, transfer_level, transfer_nics
 
@@ -118,6 +160,8 @@ def resolve_addresses(settings: Settings, topology: Any = None) -> tuple[str, ..
             if topology is None:
                 topology = discover(options=settings.discovery_options)
             nics = transfer_nics(topology)
+            if where is not None:  # the addresses the NICs have where the links' sockets are made
+                nics = _addressed_in(where, nics)
             links = addresses_of(nics)
             levels = {a: transfer_level(topology, nic) for nic in nics for a in addresses_of([nic])}
         except TopologyError as exc:
@@ -125,24 +169,42 @@ def resolve_addresses(settings: Settings, topology: Any = None) -> tuple[str, ..
             return ()
         described = [f"{a} ({level.value if (level := levels.get(a)) else 'RoCE'})" for a in links]
         log.info("fetch links from the topology, nearest first: %s", ", ".join(described) or "none with an address")
-    usable = tuple(a for a in links if _bindable(a))
+    usable = tuple(a for a in links if _bindable(a, where))
     if len(usable) < len(links):
         missing = ", ".join(a for a in links if a not in usable)
         if settings.fetch_links == ("auto",) and not usable:
-            # the chart's default on a pod network: nothing is wrong, the NICs are the host's
+            # on a pod network without DSAGENT_FETCH_NETNS: nothing is wrong, the NICs are the host's
             log.info("fetch links: %s are the host's, not in this network namespace: the default route", missing)
         else:
-            log.warning("fetch links: %s not on this node (the agent needs the host's network: hostNetwork)", missing)
+            hint = "" if where is not None else " (the agent needs the host's network: DSAGENT_FETCH_NETNS)"
+            log.warning("fetch links: %s not on this node%s", missing, hint)
     return usable if len(usable) > 1 else ()
 
 
-def _bindable(address: str) -> bool:
-    """Whether a socket can leave from ``address`` here (an address of this network namespace)."""
+def _addressed_in(where: str, nics: Sequence[Nic]) -> tuple[Nic, ...]:
+    """``nics`` with the addresses their net devices have in the network namespace ``where``
+    (``ip -j address show`` run there; :mod:`dsplatform.netns`)."""
+    import dataclasses
+
+    from gpu_topology.discovery.sysfs import ip_addresses
+
+    found = netns.entered(where).call(ip_addresses)
+    return tuple(dataclasses.replace(n, addresses=tuple(found.get(n.netdev, ()))) if n.netdev else n for n in nics)
+
+
+def _bindable(address: str, where: str | None = None) -> bool:
+    """Whether a socket can leave from ``address`` (an address of this network namespace, or
+    of ``where``)."""
     import ipaddress
 
     family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
     try:
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe = (
+            socket.socket(family, socket.SOCK_STREAM)
+            if where is None
+            else netns.entered(where).socket(family, socket.SOCK_STREAM)
+        )
+        with probe:
             probe.bind((address, 0))
     except OSError:
         return False
@@ -154,17 +216,22 @@ class Links:
     :meth:`for_fetch` per version. ``range_min``: the smallest byte range a bundle is split
     into over the links (``DSAGENT_FETCH_RANGE_MIN``, :mod:`dsagent.cache.fetchranges`)."""
 
-    def __init__(self, addresses: Sequence[str], metrics: Metrics, *, range_min: int = RANGE_MIN) -> None:
+    def __init__(
+        self, addresses: Sequence[str], metrics: Metrics, *, range_min: int = RANGE_MIN, netns: str | None = None
+    ) -> None:
         self.addresses = tuple(addresses)
         self.metrics = metrics
         self.range_min = range_min
+        self.netns = netns  # where the links' sockets are made (DSAGENT_FETCH_NETNS; None: here)
 
     def __bool__(self) -> bool:
         return len(self.addresses) > 1
 
     def for_fetch(self, what: str) -> LinkSet | None:
         """A version's fetch over the links; None with fewer than two."""
-        return LinkSet(self.addresses, self.metrics, what=what, range_min=self.range_min) if self else None
+        if not self:
+            return None
+        return LinkSet(self.addresses, self.metrics, what=what, range_min=self.range_min, netns=self.netns)
 
 
 class LinkSet:
@@ -173,9 +240,16 @@ class LinkSet:
     ranges, by link)."""
 
     def __init__(
-        self, addresses: Sequence[str], metrics: Metrics | None = None, *, what: str = "", range_min: int = RANGE_MIN
+        self,
+        addresses: Sequence[str],
+        metrics: Metrics | None = None,
+        *,
+        what: str = "",
+        range_min: int = RANGE_MIN,
+        netns: str | None = None,
     ) -> None:
         self.addresses = tuple(addresses)
+        self.netns = netns
         self.metrics = metrics
         self.what = what
         self.range_min = range_min
@@ -249,6 +323,11 @@ class Lease:
     def __init__(self, links: LinkSet | None, address: str | None) -> None:
         self.links, self.address = links, address
 
+    @property
+    def netns(self) -> str | None:
+        """The network namespace the link's sockets are made in (None: the agent's own)."""
+        return self.links.netns if self.links is not None else None
+
     def attempt(
         self,
         call: Callable[[str | None], _T],
@@ -298,4 +377,5 @@ __all__ = [
     "bound_options",
     "can_bind",
     "resolve_addresses",
+    "transport_in",
 ]

@@ -238,7 +238,7 @@ class _Job:
     def open(self, address: str, start: int, stop: int) -> _Body:
         with self._lock:
             if address not in self._opened:
-                fs, root = resolve(self.store, bound_options(self.store, self.options, address))
+                fs, root = resolve(self.store, bound_options(self.store, self.options, address, self.links.netns))
                 self._opened[address] = (fs, bundle_path(root, self.bundle.digest))
             fs, path = self._opened[address]
         protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)

@@ -153,7 +153,18 @@ def _links(text: str | tuple[str, ...] | list[Any]) -> tuple[str, ...]:
     return links
 
 
+def _netns(text: str | None) -> str | None:
+    """An absolute path (a network namespace's file), or empty for none."""
+    if text is None or not str(text).strip():
+        return None
+    path = str(text).strip()
+    if not path.startswith("/") or "\0" in path:
+        raise ValueError(f"invalid network namespace {path!r} (an absolute path, e.g. /proc/1/ns/net)")
+    return path
+
+
 Peers = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_urls)]
+NetnsPath = Annotated[str | None, NoDecode, BeforeValidator(_netns)]
 FetchLinks = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_links)]
 Proxies = Annotated[dict[str, str], NoDecode, BeforeValidator(_proxies)]
 
@@ -275,6 +286,10 @@ class Settings(StorageSettings, AgentLogSettings):
     # the links peer and store fetches spread over, each connection bound to one NIC's address
     # (docs/design.md#links): () the default route, ("auto",) the RDMA NICs near the node's GPUs
     fetch_links: FetchLinks = ()
+    # the network namespace the fetch links' sockets are made in, and their addresses read:
+    # the node's (/proc/1/ns/net, with the host's pids) for an agent on the pod network,
+    # whose own port stays there (docs/design.md#links; needs CAP_SYS_ADMIN). Empty: the agent's own
+    fetch_netns: NetnsPath = None
     # the smallest byte range a bundle from the store is split into over the fetch links when
     # its version has fewer bundles than links (docs/design.md#links); a bundle under twice this
     # is read in one stream

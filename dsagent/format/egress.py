@@ -41,6 +41,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from dsagent.errors import InvalidInput
+from dsplatform import netns
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -162,13 +163,14 @@ class EgressPolicy:
         merged = dict(options)
         if protocol in ("http", "https"):
             client = merged.get("get_client")
-            address = client.local_address if isinstance(client, CheckedClient) else None
-            merged["get_client"] = CheckedClient(self, address)
+            bound = client if isinstance(client, CheckedClient) else CheckedClient(None)
+            merged["get_client"] = CheckedClient(self, bound.local_address, bound.netns)
         elif protocol in ("s3", "s3a"):
             config = dict(merged.get("config_kwargs") or {})
             connector = dict(config.get("connector_args") or {})
-            bound = connector.get("socket_factory")
-            guard = Guard(self, bound.local_address if isinstance(bound, Guard) else None)
+            given = connector.get("socket_factory")
+            link = given if isinstance(given, Guard) else Guard(None)
+            guard = Guard(self, link.local_address, link.netns)
             connector["resolver"], connector["socket_factory"] = guard.resolver, guard
             config["connector_args"] = connector
             merged["config_kwargs"] = config
@@ -200,12 +202,14 @@ class Guard:
     whether the host was a name or an address literal (aiohttp resolves no literal, and a
     redirect may name one), and a resolver (:attr:`resolver`) that refuses the metadata
     names and grants the addresses of the host names the operator allows. With a
-    ``local_address`` every connection leaves from it (a fetch link). Its ``repr`` names
-    the address, so fsspec keeps a filesystem per link."""
+    ``local_address`` every connection leaves from it (a fetch link), with ``netns`` from a
+    socket made in that network namespace (:mod:`dsplatform.netns`: the node's, for an agent
+    on the pod network). Its ``repr`` names both, so fsspec keeps a filesystem per link."""
 
-    def __init__(self, policy: EgressPolicy | None, local_address: str | None = None) -> None:
+    def __init__(self, policy: EgressPolicy | None, local_address: str | None = None, netns: str | None = None) -> None:
         self.policy = policy
         self.local_address = local_address
+        self.netns = netns
         self.granted: set[str] = set()  # addresses of host names the operator allows
 
     @property
@@ -219,7 +223,11 @@ class Guard:
             reason = self.policy.refusal(address)
             if reason is not None:
                 raise OSError(f"refused to connect: {reason}")
-        sock = socket.socket(family, kind, proto)
+        sock = (
+            socket.socket(family, kind, proto)
+            if self.netns is None
+            else netns.entered(self.netns).socket(family, kind, proto)
+        )
         try:
             sock.setblocking(False)
             if self.local_address is not None:
@@ -230,10 +238,11 @@ class Guard:
         return sock
 
     def __repr__(self) -> str:
-        return f"Guard({_named(self.policy)}, {self.local_address!r})"
+        return f"Guard({_named(self.policy)}, {self.local_address!r}{_in(self.netns)})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Guard) and (other.policy, other.local_address) == (self.policy, self.local_address)
+        mine = (self.policy, self.local_address, self.netns)
+        return isinstance(other, Guard) and (other.policy, other.local_address, other.netns) == mine
 
     def __hash__(self) -> int:
         return hash(("Guard", self.local_address))
@@ -289,22 +298,28 @@ def _resolver_class() -> type[CheckedResolver]:
 class CheckedClient:
     """fsspec's HTTP filesystem ``get_client``: an aiohttp session whose connections go
     through a :class:`Guard` (``policy``: None checks nothing; ``local_address``: the link
-    every connection leaves from)."""
+    every connection leaves from; ``netns``: the network namespace its sockets are made in)."""
 
-    def __init__(self, policy: EgressPolicy | None, local_address: str | None = None) -> None:
+    def __init__(self, policy: EgressPolicy | None, local_address: str | None = None, netns: str | None = None) -> None:
         self.policy = policy
         self.local_address = local_address
+        self.netns = netns
 
     async def __call__(self, **kwargs: Any) -> Any:
         import aiohttp
 
         kwargs.pop("loop", None)  # the running loop; aiohttp takes it from there
-        guard = Guard(self.policy, self.local_address)
+        guard = Guard(self.policy, self.local_address, self.netns)
         connector = aiohttp.TCPConnector(resolver=guard.resolver, socket_factory=guard)  # type: ignore[arg-type]
         return aiohttp.ClientSession(connector=connector, **kwargs)
 
     def __repr__(self) -> str:
-        return f"CheckedClient({_named(self.policy)}, {self.local_address!r})"
+        return f"CheckedClient({_named(self.policy)}, {self.local_address!r}{_in(self.netns)})"
+
+
+def _in(where: str | None) -> str:
+    """A network namespace in a repr (nothing for the process's own)."""
+    return "" if where is None else f", netns={where!r}"
 
 
 def _named(policy: EgressPolicy | None) -> str:

@@ -128,11 +128,17 @@ class SysfsBackend(Backend):
         )
 
     def _ip_addresses(self) -> Mapping[str, Sequence[str]]:
-        try:
-            text = self.runner(["ip", "-j", "address", "show"], 10.0, "install iproute2")
-        except (BackendUnavailable, DiscoveryError):
-            return {}  # addresses stay unknown; everything else still stands
-        return parse_ip_json(text)
+        return ip_addresses(self.runner)
+
+
+def ip_addresses(runner: Runner = run_command) -> dict[str, list[str]]:
+    """Net device -> its addresses (``ip -j address show``, in the calling thread's network
+    namespace); {} when ``ip`` is missing or fails: the addresses stay unknown."""
+    try:
+        text = runner(["ip", "-j", "address", "show"], 10.0, "install iproute2")
+    except (BackendUnavailable, DiscoveryError):
+        return {}  # addresses stay unknown; everything else still stands
+    return parse_ip_json(text)
 
 
 def parse_ip_json(text: str) -> dict[str, list[str]]:

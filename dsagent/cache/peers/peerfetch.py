@@ -40,7 +40,7 @@ from typing import Literal
 import httpx
 import xxhash
 
-from dsagent.cache.fetchlinks import DEFAULT_ROUTE, Lease
+from dsagent.cache.fetchlinks import DEFAULT_ROUTE, Lease, transport_in
 from dsagent.cache.inventory import PEER_INVENTORY_MAX_BYTES, holds
 from dsagent.cache.layout import Store
 from dsagent.cache.metrics import Metrics
@@ -130,7 +130,13 @@ class PeerFetcher:
         timeout = httpx.Timeout(self.settings.peer_timeout)
         if address is None:
             return httpx.Client(timeout=timeout, limits=limits)
-        return httpx.Client(timeout=timeout, transport=httpx.HTTPTransport(local_address=address, limits=limits))
+        where = self.settings.fetch_netns
+        transport = (
+            httpx.HTTPTransport(local_address=address, limits=limits)
+            if where is None
+            else transport_in(where, address, limits)
+        )
+        return httpx.Client(timeout=timeout, transport=transport)
 
     def _client_for(self, address: str | None) -> httpx.Client:
         """The client whose connections leave from ``address`` (None: the default route)."""

@@ -83,16 +83,16 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
 
 
 class RecordingStore(http.server.ThreadingHTTPServer):
-    """A bundle store over HTTP on 127.0.0.1 that records who asked for each bundle."""
+    """A bundle store over HTTP on ``host`` that records who asked for each bundle."""
 
     daemon_threads = True
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, host: str = "127.0.0.1") -> None:
         self.seen: Counter[str] = Counter()  # bundle requests by source address
         self.delivered: Counter[str] = Counter()  # bundles sent whole, by source address
         self.cut: set[str] = set()
         self.lock = threading.Lock()
-        super().__init__(("127.0.0.1", 0), lambda *a: _Handler(*a, directory=str(directory)))
+        super().__init__((host, 0), lambda *a: _Handler(*a, directory=str(directory)))
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -100,7 +100,7 @@ class RecordingStore(http.server.ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        return f"http://{self.server_address[0]}:{self.server_address[1]}"
 
 
 @pytest.fixture
