@@ -461,7 +461,9 @@ def test_the_extender_only_lists_and_watches(rendered: dict[str, list[dict[str, 
     }
 
 
-def test_without_gpu_classes_or_plans_the_webhook_only_reads_datasets(rendered: dict[str, list[dict[str, Any]]]) -> None:
+def test_without_gpu_classes_or_plans_the_webhook_only_reads_datasets(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
     without = {"gpuClasses": {"enabled": False}, "webhook": {"deadlinePlans": {"enabled": False}}}
     assert rules_of(render(without), "-webhook") == {("dsagent.io", "datasets", "get")}
     # the default (auto) lists nodes and keeps job Leases, as with the class rewrite on

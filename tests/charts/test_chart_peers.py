@@ -319,22 +319,36 @@ def test_the_admin_token_is_readable_by_the_agent_whatever_user_it_runs_as(rende
         assert volume["secret"]["defaultMode"] == (0o400 if root else 0o444), name
 
 
-def test_fetch_links_are_auto_by_default_and_addresses_need_the_hosts_network() -> None:
+def test_fetch_links_are_auto_by_default_in_the_nodes_network_namespace() -> None:
     """agent.fetchLinks (docs/design.md#links): the agent binds to the NICs' addresses, which
-    only the host's network namespace has; auto, the default, falls back to the default route
-    where it has not."""
+    only the node's network namespace has. By default (privileged for the CSI driver, with the
+    host's pids) the agent makes its link sockets there and stays on the pod network; with
+    the host's network it is there already; without either, addresses are refused."""
     from kubernetes_validate import utils as kv
 
-    assert env_of(render())["DSAGENT_FETCH_LINKS"]["value"] == "auto"
+    default = render()
+    env = env_of(default)
+    assert env["DSAGENT_FETCH_LINKS"]["value"] == "auto" and env["DSAGENT_FETCH_NETNS"]["value"] == "/proc/1/ns/net"
+    pod = agent_pod(default)
+    assert "hostNetwork" not in pod and pod["hostPID"] is True, "/proc/1 is the node's first process"
+    assert agent_container(default)["securityContext"]["privileged"] is True  # setns(2) needs CAP_SYS_ADMIN
+    settings = agent_settings.Settings.from_env(
+        {k: env[k]["value"] for k in ("DSAGENT_FETCH_LINKS", "DSAGENT_FETCH_NETNS")}
+    )
+    assert settings.fetch_links == ("auto",) and settings.fetch_netns == "/proc/1/ns/net"
     assert "DSAGENT_FETCH_LINKS" not in env_of(render({"agent": {"fetchLinks": ""}}))
+    assert "DSAGENT_FETCH_NETNS" not in env_of(render({"agent": {"fetchLinks": ""}}))
     docs = render({"agent": {"fetchLinks": "auto"}, "topologyDiscovery": {"hostNetwork": True}})
-    assert env_of(docs)["DSAGENT_FETCH_LINKS"]["value"] == "auto"
+    assert env_of(docs)["DSAGENT_FETCH_LINKS"]["value"] == "auto" and "DSAGENT_FETCH_NETNS" not in env_of(docs)
     assert agent_pod(docs)["hostNetwork"] is True
     kv.validate(find(docs, "DaemonSet", "-agent"), "1.29.0", strict=True)
-    listed = render({"agent": {"fetchLinks": "10.0.0.5,10.0.1.5"}, "topologyDiscovery": {"hostNetwork": True}})
+    listed = render({"agent": {"fetchLinks": "10.0.0.5,10.0.1.5"}})
     value = env_of(listed)["DSAGENT_FETCH_LINKS"]["value"]
     assert agent_settings.Settings.from_env({"DSAGENT_FETCH_LINKS": value}).fetch_links == ("10.0.0.5", "10.0.1.5")
-    with pytest.raises(Exception, match="hostNetwork"):
-        render({"agent": {"fetchLinks": "10.0.0.5,10.0.1.5"}})
+    assert (
+        env_of(render({"agent": {"fetchLinks": "auto"}, "csi": {"enabled": False}})).get("DSAGENT_FETCH_NETNS") is None
+    )
+    with pytest.raises(Exception, match="hostNetwork or csi.enabled"):
+        render({"agent": {"fetchLinks": "10.0.0.5,10.0.1.5"}, "csi": {"enabled": False}})
     with pytest.raises(Exception, match="fetchLinks"):
         render({"agent": {"fetchLinks": "eth0"}, "topologyDiscovery": {"hostNetwork": True}})
