@@ -1,12 +1,13 @@
 """Sockets made in another network namespace: the node's, for an agent on the pod network.
 
-The fetch links (docs/design.md#links) bind each connection to the address of one NIC near
-the node's GPUs. Those addresses are the host's: a process on the pod network has none of
-them. Rather than moving the whole agent onto the host's network (its port would then be open
-to every pod on the node, and no NetworkPolicy applies to host-network pods), the agent makes
-only its link sockets in the node's namespace: a socket belongs to the namespace it was
-created in for the rest of its life, whichever thread uses it afterwards, while the agent's
-own server stays on the pod network.
+The NICs' addresses are the node's network namespace's: the fetch links (docs/design.md#links)
+bind each connection to one of them, RoCE classes by subnet are built from them, and a VF's
+address is set on a netdev there. A process on the pod network sees none of them. Rather
+than moving the whole agent onto the host's network (its port would then be open to every
+pod on the node, and no NetworkPolicy applies to host-network pods), the agent makes only
+those sockets in the node's namespace: a socket belongs to the namespace it was created in
+for the rest of its life, whichever thread uses it afterwards, while the agent's own server
+stays on the pod network.
 
 :class:`Namespace` keeps a few threads that entered the namespace once (``setns(2)`` acts
 on the calling thread only; :func:`os.setns` where Python has it, else libc's) and runs
@@ -15,7 +16,7 @@ namespaces of the thread that forks it: ``ip -j address show`` lists the node's 
 Entering needs ``CAP_SYS_ADMIN`` (the chart's agent is privileged where it mounts datasets
 into pods) and the namespace's file: ``/proc/1/ns/net`` with the host's pids
 (``hostPID``, which the agent has). :func:`entered` gives one :class:`Namespace` per path
-and process. The path is the operator's setting (``DSAGENT_FETCH_NETNS``), never a pod's.
+and process. The path is the operator's setting (``DSAGENT_NODE_NETNS``), never a pod's.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import httpcore
 import httpx
@@ -46,9 +46,6 @@ from dsagent.errors import CacheDiskError, InsufficientSpace, IntegrityError, Tr
 from dsagent.format.egress import CheckedClient, Guard
 from dsagent.format.storageconfig import Options, store_options
 from dsplatform import netns
-
-if TYPE_CHECKING:
-    from gpu_topology.model import Nic
 
 log = logging.getLogger("dsagent.fetchlinks")
 
@@ -142,11 +139,11 @@ def resolve_addresses(settings: Settings, topology: Any = None) -> tuple[str, ..
     same NUMA node; or every RoCE NIC when no GPU is known) from ``topology`` or, when None,
     the node's own discovered; an address no socket here can leave from is left out, with a
     warning (with ``auto`` and none here at all, the agent on a pod network, an info line).
-    With ``DSAGENT_FETCH_NETNS`` the NICs' addresses, and whether a socket can leave from
+    With ``DSAGENT_NODE_NETNS`` the NICs' addresses, and whether a socket can leave from
     one, are those of that network namespace (the node's). Fewer than two: () (one link is
     the default route). Blocking."""
     links = settings.fetch_links
-    where = settings.fetch_netns
+    where = settings.node_netns
     if where is not None:
         try:
             netns.entered(where)
@@ -159,9 +156,7 @@ def resolve_addresses(settings: Settings, topology: Any = None) -> tuple[str, ..
         try:
             if topology is None:
                 topology = discover(options=settings.discovery_options)
-            nics = transfer_nics(topology)
-            if where is not None:  # the addresses the NICs have where the links' sockets are made
-                nics = _addressed_in(where, nics)
+            nics = transfer_nics(topology)  # addresses read where the links' sockets are made
             links = addresses_of(nics)
             levels = {a: transfer_level(topology, nic) for nic in nics for a in addresses_of([nic])}
         except TopologyError as exc:
@@ -173,23 +168,12 @@ def resolve_addresses(settings: Settings, topology: Any = None) -> tuple[str, ..
     if len(usable) < len(links):
         missing = ", ".join(a for a in links if a not in usable)
         if settings.fetch_links == ("auto",) and not usable:
-            # on a pod network without DSAGENT_FETCH_NETNS: nothing is wrong, the NICs are the host's
+            # on a pod network without DSAGENT_NODE_NETNS: nothing is wrong, the NICs are the host's
             log.info("fetch links: %s are the host's, not in this network namespace: the default route", missing)
         else:
-            hint = "" if where is not None else " (the agent needs the host's network: DSAGENT_FETCH_NETNS)"
+            hint = "" if where is not None else " (the agent needs the host's network: DSAGENT_NODE_NETNS)"
             log.warning("fetch links: %s not on this node%s", missing, hint)
     return usable if len(usable) > 1 else ()
-
-
-def _addressed_in(where: str, nics: Sequence[Nic]) -> tuple[Nic, ...]:
-    """``nics`` with the addresses their net devices have in the network namespace ``where``
-    (``ip -j address show`` run there; :mod:`dsplatform.netns`)."""
-    import dataclasses
-
-    from gpu_topology.discovery.sysfs import ip_addresses
-
-    found = netns.entered(where).call(ip_addresses)
-    return tuple(dataclasses.replace(n, addresses=tuple(found.get(n.netdev, ()))) if n.netdev else n for n in nics)
 
 
 def _bindable(address: str, where: str | None = None) -> bool:
@@ -222,7 +206,7 @@ class Links:
         self.addresses = tuple(addresses)
         self.metrics = metrics
         self.range_min = range_min
-        self.netns = netns  # where the links' sockets are made (DSAGENT_FETCH_NETNS; None: here)
+        self.netns = netns  # where the links' sockets are made (DSAGENT_NODE_NETNS; None: here)
 
     def __bool__(self) -> bool:
         return len(self.addresses) > 1

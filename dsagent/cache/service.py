@@ -109,7 +109,7 @@ class CacheService:
         self._space = Space(self.node)
         self.peers = PeerFetcher(settings, self.store, self.metrics, cluster_holders=hooks.peer_holders)
         # DSAGENT_FETCH_LINKS, resolved at start (docs/design.md#links)
-        self.links = Links((), self.metrics, range_min=self.settings.fetch_range_min, netns=self.settings.fetch_netns)
+        self.links = Links((), self.metrics, range_min=self.settings.fetch_range_min, netns=self.settings.node_netns)
         self._versions = Versions(self.node, space=self._space, peers=self.peers, links=self.links)
         self.stripes = StripeShares(
             settings,

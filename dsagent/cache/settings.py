@@ -12,6 +12,7 @@ looks like, so a misconfigured DaemonSet fails at start-up with one clear line, 
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import math
 import os
@@ -163,6 +164,13 @@ def _netns(text: str | None) -> str | None:
     return path
 
 
+def _addresses_in(path: str) -> Mapping[str, list[str]]:
+    """The net devices' addresses in the network namespace ``path`` (topology discovery's)."""
+    from gpu_topology.discovery.sysfs import ip_addresses_in
+
+    return ip_addresses_in(path)
+
+
 Peers = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_urls)]
 NetnsPath = Annotated[str | None, NoDecode, BeforeValidator(_netns)]
 FetchLinks = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_links)]
@@ -286,10 +294,11 @@ class Settings(StorageSettings, AgentLogSettings):
     # the links peer and store fetches spread over, each connection bound to one NIC's address
     # (docs/design.md#links): () the default route, ("auto",) the RDMA NICs near the node's GPUs
     fetch_links: FetchLinks = ()
-    # the network namespace the fetch links' sockets are made in, and their addresses read:
-    # the node's (/proc/1/ns/net, with the host's pids) for an agent on the pod network,
-    # whose own port stays there (docs/design.md#links; needs CAP_SYS_ADMIN). Empty: the agent's own
-    fetch_netns: NetnsPath = None
+    # the node's network namespace, for an agent on the pod network (/proc/1/ns/net with the
+    # host's pids; needs CAP_SYS_ADMIN): its NICs' addresses are read there (topology
+    # discovery), and the fetch links' sockets made there, while the agent's own port stays
+    # on the pod network (docs/design.md#links). Empty: the agent's own namespace
+    node_netns: NetnsPath = None
     # the smallest byte range a bundle from the store is split into over the fetch links when
     # its version has fewer bundles than links (docs/design.md#links); a bundle under twice this
     # is read in one stream
@@ -367,8 +376,12 @@ class Settings(StorageSettings, AgentLogSettings):
     @property
     def discovery_options(self) -> dict[str, Any] | None:
         """``gpu_topology.discover``'s options: read the host's sysfs at :attr:`sysfs_root`
-        (the chart mounts it at ``/host/sys``); None where it is this container's own ``/``."""
-        return {"sysfs": {"root": self.sysfs_root}} if self.sysfs_root != Path("/") else None
+        (the chart mounts it at ``/host/sys``) and the NICs' addresses in :attr:`node_netns`;
+        None where both are this container's own."""
+        sysfs: dict[str, Any] = {"root": self.sysfs_root} if self.sysfs_root != Path("/") else {}
+        if self.node_netns is not None:
+            sysfs["addresses"] = functools.partial(_addresses_in, self.node_netns)
+        return {"sysfs": sysfs} if sysfs else None
 
     @property
     def socket(self) -> Path:

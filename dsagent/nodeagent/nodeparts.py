@@ -408,7 +408,7 @@ async def start_device_plugin(settings: Settings, *, topology: Any = None, sysfs
         from dsagent.nodeplugins.deviceplugin.vfsetup import AddressAtAllocation
 
         netdevs = [vf.netdev for pf in vfs.values() for vf in pf.vfs if vf.netdev]
-        addresses = AddressAtAllocation(settings.vf_addresses, netdevs)
+        addresses = AddressAtAllocation(settings.vf_addresses, netdevs, netns=settings.node_netns)
     plugin = DevicePlugin(
         node,
         others=others,

@@ -131,6 +131,18 @@ class SysfsBackend(Backend):
         return ip_addresses(self.runner)
 
 
+def ip_addresses_in(path: str, runner: Runner = run_command) -> dict[str, list[str]]:
+    """:func:`ip_addresses` of the network namespace ``path`` (:mod:`dsplatform.netns`: the
+    node's, for a discovery on the pod network); {} when it cannot be entered."""
+    from dsplatform import netns
+
+    try:
+        where = netns.entered(path)
+    except netns.NamespaceError:
+        return {}  # addresses stay unknown; the fetch links say why
+    return where.call(ip_addresses, runner)
+
+
 def ip_addresses(runner: Runner = run_command) -> dict[str, list[str]]:
     """Net device -> its addresses (``ip -j address show``, in the calling thread's network
     namespace); {} when ``ip`` is missing or fails: the addresses stay unknown."""

@@ -164,7 +164,7 @@ def test_vf_setup_gets_exactly_the_rights_it_needs_and_nothing_when_off() -> Non
         [container] = [c for c in pod["containers"] if c["name"] == "agent"]
         mounts = {m["name"]: m for m in container["volumeMounts"]}
         env = {e["name"]: e.get("value") for e in container["env"]}
-        return pod, mounts, container["securityContext"]["capabilities"].get("add", []), env
+        return pod, mounts, container["securityContext"].get("capabilities", {}).get("add", []), env
 
     pod, mounts, added, env = parts(render(_vf_values(vfSetup=False)))
     assert mounts["host-sys"]["readOnly"] is True and "vf-addresses" not in mounts and added == []
@@ -197,8 +197,16 @@ def test_vf_setup_gets_exactly_the_rights_it_needs_and_nothing_when_off() -> Non
     assert settings.vf_addresses is not None and settings.vf_setup == "off"
     kv.validate(find(docs, "DaemonSet", "-agent"), "1.29.0", strict=True)
 
-    with pytest.raises(Exception, match="hostNetwork"):
+    with pytest.raises(Exception, match="hostNetwork or csi.enabled"):
         render({**_vf_values(vfAddresses="/etc/vf.json"), "topologyDiscovery": {"hostNetwork": False}})
+    # on the pod network, a privileged agent (the CSI driver's) sets them in the node's namespace
+    pod_network = {**_vf_values(vfAddresses="/etc/vf.json"), "csi": {"enabled": True}}
+    pod, mounts, added, env = parts(render({**pod_network, "topologyDiscovery": {"hostNetwork": False}}))
+    assert "hostNetwork" not in pod and env["DSAGENT_NODE_NETNS"] == "/proc/1/ns/net" and "vf-addresses" in mounts
+    settings = agent_settings.Settings.from_env(
+        {k: v for k, v in env.items() if k in ("DSAGENT_NODE_NETNS", "DSAGENT_VF_ADDRESSES")}
+    )
+    assert settings.node_netns == "/proc/1/ns/net" and settings.vf_addresses is not None
     with pytest.raises(Exception, match="devicePlugin.enabled"):
         render({"agent": {"devicePlugin": {"enabled": False, "nodeLabel": "x", "vfSetup": True}}})
     # the device plugin off leaves the default auto with nothing to do: no VF set-up, no refusal

@@ -328,25 +328,26 @@ def test_fetch_links_are_auto_by_default_in_the_nodes_network_namespace() -> Non
 
     default = render()
     env = env_of(default)
-    assert env["DSAGENT_FETCH_LINKS"]["value"] == "auto" and env["DSAGENT_FETCH_NETNS"]["value"] == "/proc/1/ns/net"
+    assert env["DSAGENT_FETCH_LINKS"]["value"] == "auto" and env["DSAGENT_NODE_NETNS"]["value"] == "/proc/1/ns/net"
     pod = agent_pod(default)
     assert "hostNetwork" not in pod and pod["hostPID"] is True, "/proc/1 is the node's first process"
     assert agent_container(default)["securityContext"]["privileged"] is True  # setns(2) needs CAP_SYS_ADMIN
     settings = agent_settings.Settings.from_env(
-        {k: env[k]["value"] for k in ("DSAGENT_FETCH_LINKS", "DSAGENT_FETCH_NETNS")}
+        {k: env[k]["value"] for k in ("DSAGENT_FETCH_LINKS", "DSAGENT_NODE_NETNS")}
     )
-    assert settings.fetch_links == ("auto",) and settings.fetch_netns == "/proc/1/ns/net"
-    assert "DSAGENT_FETCH_LINKS" not in env_of(render({"agent": {"fetchLinks": ""}}))
-    assert "DSAGENT_FETCH_NETNS" not in env_of(render({"agent": {"fetchLinks": ""}}))
+    assert settings.fetch_links == ("auto",) and settings.node_netns == "/proc/1/ns/net"
+    unlinked = env_of(render({"agent": {"fetchLinks": ""}}))
+    assert "DSAGENT_FETCH_LINKS" not in unlinked
+    assert unlinked["DSAGENT_NODE_NETNS"]["value"] == "/proc/1/ns/net", "discovery reads the NICs' addresses there"
     docs = render({"agent": {"fetchLinks": "auto"}, "topologyDiscovery": {"hostNetwork": True}})
-    assert env_of(docs)["DSAGENT_FETCH_LINKS"]["value"] == "auto" and "DSAGENT_FETCH_NETNS" not in env_of(docs)
+    assert env_of(docs)["DSAGENT_FETCH_LINKS"]["value"] == "auto" and "DSAGENT_NODE_NETNS" not in env_of(docs)
     assert agent_pod(docs)["hostNetwork"] is True
     kv.validate(find(docs, "DaemonSet", "-agent"), "1.29.0", strict=True)
     listed = render({"agent": {"fetchLinks": "10.0.0.5,10.0.1.5"}})
     value = env_of(listed)["DSAGENT_FETCH_LINKS"]["value"]
     assert agent_settings.Settings.from_env({"DSAGENT_FETCH_LINKS": value}).fetch_links == ("10.0.0.5", "10.0.1.5")
     assert (
-        env_of(render({"agent": {"fetchLinks": "auto"}, "csi": {"enabled": False}})).get("DSAGENT_FETCH_NETNS") is None
+        env_of(render({"agent": {"fetchLinks": "auto"}, "csi": {"enabled": False}})).get("DSAGENT_NODE_NETNS") is None
     )
     with pytest.raises(Exception, match="hostNetwork or csi.enabled"):
         render({"agent": {"fetchLinks": "10.0.0.5,10.0.1.5"}, "csi": {"enabled": False}})

@@ -130,7 +130,7 @@ class PeerFetcher:
         timeout = httpx.Timeout(self.settings.peer_timeout)
         if address is None:
             return httpx.Client(timeout=timeout, limits=limits)
-        where = self.settings.fetch_netns
+        where = self.settings.node_netns
         transport = (
             httpx.HTTPTransport(local_address=address, limits=limits)
             if where is None

@@ -72,7 +72,9 @@ def create_vfs(root: str | os.PathLike[str], counts: dict[str, int]) -> list[str
 def set_address(netdev: str, address: str, *, netns: str | None = None) -> None:
     """Give ``netdev`` the IPv4 ``address`` (``a.b.c.d/len``) as its only IPv4 address, and bring it up.
 
-    ``netns``: the name of a network namespace (``ip netns``) to act in, else the agent's own.
+    ``netns``: the network namespace to act in, else the agent's own: a path (``DSAGENT_NODE_NETNS``,
+    the node's for an agent on the pod network) or the name of one ``ip netns`` made; the
+    netlink socket is made there (:mod:`dsplatform.netns`).
     """
     try:
         interface = ipaddress.IPv4Interface(address)
@@ -80,9 +82,25 @@ def set_address(netdev: str, address: str, *, netns: str | None = None) -> None:
         raise InvalidInput(f"VF address {address[:64]!r} is not an IPv4 address with a prefix length") from exc
     if "/" not in address:
         raise InvalidInput(f"VF address {address!r} needs a prefix length (a.b.c.d/len)")
-    from pyroute2 import IPRoute, NetNS  # the netlink extra
+    if netns is None:
+        _set_address(netdev, interface, netns)
+        return
+    from dsplatform import netns as namespaces
 
-    ipr: Any = NetNS(netns) if netns else IPRoute()
+    path = netns if netns.startswith("/") else f"/var/run/netns/{netns}"
+    try:
+        where = namespaces.entered(path)
+    except namespaces.NamespaceError as exc:
+        raise VfSetupFailed(f"setting {address} on {netdev}: {exc}") from exc
+    where.call(_set_address, netdev, interface, netns)
+
+
+def _set_address(netdev: str, interface: ipaddress.IPv4Interface, netns: str | None) -> None:
+    """:func:`set_address` over a netlink socket of the calling thread's namespace."""
+    from pyroute2 import IPRoute  # the netlink extra
+
+    address = str(interface)
+    ipr: Any = IPRoute()
     try:
         found = ipr.link_lookup(ifname=netdev)
         if not found:

@@ -1,4 +1,4 @@
-"""Fetch links whose sockets are made in another network namespace (``DSAGENT_FETCH_NETNS``,
+"""Fetch links whose sockets are made in another network namespace (``DSAGENT_NODE_NETNS``,
 docs/design.md#links): the node's, for an agent on the pod network.
 
 A real network namespace stands for the node's: a veth pair joins it to this test's own
@@ -27,6 +27,7 @@ from dsagent.cache.settings import Settings
 from dsagent.format.bundles.bundle import pack
 from dsplatform.netns import Namespace, NamespaceError
 from gpu_topology import Gpu, Link, Nic, Topology
+from gpu_topology.discovery.sysfs import ip_addresses, ip_addresses_in
 from tests.dsagent.cache.test_fetchlinks import FILES, RecordingStore, _cache, _metrics
 from tests.dsagent.conftest import write_tree
 
@@ -86,7 +87,7 @@ def test_a_store_fetch_leaves_from_link_addresses_only_the_namespace_has(
     manifest, server = store
     env = {
         "DSAGENT_FETCH_LINKS": ",".join(LINKS),
-        "DSAGENT_FETCH_NETNS": node_ns,
+        "DSAGENT_NODE_NETNS": node_ns,
         "DSAGENT_FETCH_WORKERS": "2",
         "DSAGENT_EGRESS_ALLOW": f"127.0.0.0/8,{HOST_SIDE}/32",
     }
@@ -117,21 +118,27 @@ def test_a_peer_transport_connects_from_the_namespace(store: Any, node_ns: str) 
         here.get(f"{server.url}/store/bundles/nothing")
 
 
-def test_auto_reads_the_nics_addresses_in_the_namespace(node_ns: str) -> None:
+def test_discovery_reads_the_nics_addresses_in_the_namespace(node_ns: str) -> None:
     """The topology (from the node's /sys) names the NICs' net devices; their addresses are
-    read where the links' sockets are made."""
+    read in the node's namespace, and auto takes them there."""
     n = node_ns.removeprefix("/var/run/netns/dsptest")
+    found = ip_addresses_in(node_ns)
+    ipv4 = {dev: [a for a in found[dev] if ":" not in a] for dev in (f"dspn{n}", f"dspb{n}")}  # and link-local v6
+    assert ipv4 == {f"dspn{n}": [f"{a}/24" for a in LINKS], f"dspb{n}": ["10.77.1.2/24"]}
+    assert f"dspn{n}" not in ip_addresses(), "not in this namespace"
+    options = Settings(node_netns=node_ns).discovery_options
+    assert options is not None and options["sysfs"]["addresses"]() == found
     topology = Topology(
         gpus=(Gpu(0),),
-        nics=(
-            Nic("mlx5_0", netdev=f"dspn{n}", link_layer="Ethernet"),
-            Nic("mlx5_1", netdev=f"dspb{n}", link_layer="Ethernet"),
+        nics=tuple(
+            Nic(name, netdev=dev, link_layer="Ethernet", addresses=tuple(found[dev]))
+            for name, dev in (("mlx5_0", f"dspn{n}"), ("mlx5_1", f"dspb{n}"))
         ),
         links={"GPU0": {"mlx5_0": Link.parse("PIX"), "mlx5_1": Link.parse("NODE")}},
     )
-    there = Settings(fetch_links=("auto",), fetch_netns=node_ns)
+    there = Settings(fetch_links=("auto",), node_netns=node_ns)
     assert resolve_addresses(there, topology) == (LINKS[0], "10.77.1.2")
-    assert resolve_addresses(Settings(fetch_links=("auto",)), topology) == (), "no address here"
+    assert resolve_addresses(Settings(fetch_links=("auto",)), topology) == (), "no socket here leaves from them"
 
 
 def test_a_namespace_that_cannot_be_entered_is_the_default_route_said_once(
@@ -143,7 +150,8 @@ def test_a_namespace_that_cannot_be_entered_is_the_default_route_said_once(
         Namespace(str(not_one))
     with pytest.raises(NamespaceError, match="cannot open"):
         Namespace(str(tmp_path / "missing"))
-    assert resolve_addresses(Settings(fetch_links=LINKS, fetch_netns=str(tmp_path / "missing"))) == ()
+    assert resolve_addresses(Settings(fetch_links=LINKS, node_netns=str(tmp_path / "missing"))) == ()
+    assert ip_addresses_in(str(tmp_path / "missing")) == {}, "discovery: the addresses stay unknown"
     assert [r.getMessage() for r in caplog.records if "default route" in r.getMessage()] == [
         f"fetch links: [Errno 2] cannot open the network namespace {tmp_path / 'missing'}: No such file or "
         "directory; fetching over the default route"
@@ -151,7 +159,7 @@ def test_a_namespace_that_cannot_be_entered_is_the_default_route_said_once(
 
 
 def test_the_setting_takes_an_absolute_path_or_nothing() -> None:
-    assert Settings(fetch_netns="").fetch_netns is None
-    assert Settings(fetch_netns=" /proc/1/ns/net ").fetch_netns == "/proc/1/ns/net"
+    assert Settings(node_netns="").node_netns is None
+    assert Settings(node_netns=" /proc/1/ns/net ").node_netns == "/proc/1/ns/net"
     with pytest.raises(ValueError, match="an absolute path"):
-        Settings(fetch_netns="proc/1/ns/net")
+        Settings(node_netns="proc/1/ns/net")
