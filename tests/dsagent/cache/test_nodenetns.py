@@ -5,8 +5,9 @@ A real network namespace stands for the node's: a veth pair joins it to this tes
 namespace (which stands for the pod network), its end holding the two link addresses,
 10.77.0.2 and 10.77.0.3, that exist only in there; the store listens on 10.77.0.1, this side's
 end. The store sees every bundle request come from a link address: the sockets were made in
-the namespace, since nothing here could leave from those addresses. Needs root (``ip netns``);
-skipped, saying why, without it.
+the namespace, since nothing here could leave from those addresses. The last test runs the
+chart's defaults on a synthetic /sys whose two NICs are that namespace's net devices. Needs
+root (``ip netns``); skipped, saying why, without it.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ from dsagent.format.bundles.bundle import pack
 from dsplatform.netns import Namespace, NamespaceError
 from gpu_topology import Gpu, Link, Nic, Topology
 from gpu_topology.discovery.sysfs import ip_addresses, ip_addresses_in
+from gpu_topology.testing import SysfsTree
+from tests.charts.test_chart import render
 from tests.dsagent.cache.test_fetchlinks import FILES, RecordingStore, _cache, _metrics
 from tests.dsagent.conftest import write_tree
+from tests.test_default_install_gpu_path import chart_env
 
 HOST_SIDE, LINKS = "10.77.0.1", ("10.77.0.2", "10.77.0.3")
 _names = itertools.count()
@@ -64,6 +68,7 @@ def node_ns() -> Iterator[str]:
         _ip("-n", name, "link", "set", f"dspb{n}", "up")
         _ip("-n", name, "link", "set", f"dspc{n}", "up")
         _ip("-n", name, "link", "set", "lo", "up")
+        _ip("route", "add", "10.77.1.0/24", "dev", here)  # the answers to the second NIC's address
         yield f"/var/run/netns/{name}"
     finally:
         subprocess.run(["ip", "link", "del", here], capture_output=True, timeout=10)
@@ -163,3 +168,38 @@ def test_the_setting_takes_an_absolute_path_or_nothing() -> None:
     assert Settings(node_netns=" /proc/1/ns/net ").node_netns == "/proc/1/ns/net"
     with pytest.raises(ValueError, match="an absolute path"):
         Settings(node_netns="proc/1/ns/net")
+
+
+def test_a_default_install_splits_a_fetch_over_the_near_nics(
+    store: Any, node_ns: str, agent_factory: Any, tmp_path: Path
+) -> None:
+    """The chart's defaults, on a node whose two RDMA NICs share a PCIe switch with its GPU
+    (a synthetic /sys; their net devices are the namespace's): the agent discovers the NICs,
+    reads their addresses in the node's namespace and fetches over both, from the pod network."""
+    manifest, server = store
+    env = chart_env(render({}), "DaemonSet", "-agent")
+    assert env["DSAGENT_FETCH_LINKS"] == "auto" and env["DSAGENT_NODE_NETNS"] == "/proc/1/ns/net"
+    n = node_ns.removeprefix("/var/run/netns/dsptest")
+    tree = SysfsTree(tmp_path / "host")
+    switch = ["pci0000:00", "0000:00:01.0", "0000:01:00.0"]
+    tree.gpu([*switch, "0000:02:00.0"])
+    tree.rdma("mlx5_0", [*switch, "0000:03:00.0"], netdev=f"dspn{n}")
+    tree.rdma("mlx5_1", [*switch, "0000:04:00.0"], netdev=f"dspb{n}")
+    only_ip = tmp_path / "bin"
+    only_ip.mkdir()
+    (only_ip / "ip").symlink_to(str(shutil.which("ip")))
+    agent = agent_factory(
+        "b",
+        env={
+            "DSAGENT_FETCH_LINKS": env["DSAGENT_FETCH_LINKS"],
+            "DSAGENT_NODE_NETNS": node_ns,  # the node's namespace: this test's stands for /proc/1/ns/net
+            "DSAGENT_SYSFS_ROOT": str(tmp_path / "host"),
+            "DSAGENT_FETCH_WORKERS": "2",
+            "DSAGENT_EGRESS_ALLOW": f"127.0.0.0/8,{HOST_SIDE}/32",
+            "PATH": str(only_ip),  # the NICs' addresses: ip; no nvidia-smi, whatever the machine has
+        },
+    )
+    _cache(agent, store)
+    assert set(server.seen) == {LINKS[0], "10.77.1.2"}, f"the store saw connections from {dict(server.seen)}"
+    assert sum(server.seen.values()) == len(manifest.bundles)
+    assert "fetch links from the topology, nearest first: 10.77.0.2 (PIX), 10.77.1.2 (PIX)" in agent.log.read_text()
