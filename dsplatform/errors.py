@@ -11,6 +11,7 @@ the families below are the kinds more than one package has.
     PlatformError (500, exit 1, INTERNAL)     code "internal"
     ├── InvalidInput (400, exit 2, INVALID_ARGUMENT)
     │   ├── CannotListen                      dsplatform.serving: a listening address that cannot be bound
+    │   ├── NamespaceError                    dsplatform.netns: a network namespace that cannot be entered
     │   └── VocabularyError                   a shared rule broken (a name, a size, a duration);
     │       │                                 also a ValueError, so pydantic and click accept it
     │       ├── UnitError                     dsplatform.units

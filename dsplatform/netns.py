@@ -31,6 +31,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from dsplatform.errors import InvalidInput
+
 _T = TypeVar("_T")
 
 #: ``CLONE_NEWNET`` (linux/sched.h): setns joins the file's network namespace
@@ -40,8 +42,10 @@ CLONE_NEWNET = 0x40000000
 THREADS = 4
 
 
-class NamespaceError(OSError):
+class NamespaceError(InvalidInput):
     """The namespace cannot be entered (no such file, not a network namespace, no right)."""
+
+    code = "netns_refused"
 
 
 def _setns(fd: int) -> None:
@@ -63,7 +67,7 @@ class Namespace:
         try:
             self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
-            raise NamespaceError(exc.errno, f"cannot open the network namespace {path}: {exc.strerror}") from None
+            raise NamespaceError(f"cannot open the network namespace {path}: {exc.strerror}") from None
         self._entered = threading.local()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="netns", initializer=self._enter)
         try:
@@ -76,9 +80,7 @@ class Namespace:
         try:
             _setns(self._fd)
         except OSError as exc:
-            self._entered.error = NamespaceError(
-                exc.errno, f"cannot enter the network namespace {self.path}: {exc.strerror}"
-            )
+            self._entered.error = NamespaceError(f"cannot enter the network namespace {self.path}: {exc.strerror}")
         else:
             self._entered.error = None
 

@@ -45,7 +45,7 @@ from dsagent.cache.settings import Settings
 from dsagent.errors import CacheDiskError, InsufficientSpace, IntegrityError, TransientError
 from dsagent.format.egress import CheckedClient, Guard
 from dsagent.format.storageconfig import Options, store_options
-from dsplatform import netns
+from dsplatform import netns as namespaces
 
 log = logging.getLogger("dsagent.fetchlinks")
 
@@ -95,7 +95,7 @@ class _NamespaceBackend(httpcore.SyncBackend):
         self.where = where
 
     def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.NetworkStream:
-        return netns.entered(self.where).call(super().connect_tcp, *args, **kwargs)
+        return namespaces.entered(self.where).call(super().connect_tcp, *args, **kwargs)
 
 
 def transport_in(where: str, address: str, limits: httpx.Limits) -> httpx.HTTPTransport:
@@ -146,8 +146,8 @@ def resolve_addresses(settings: Settings, topology: Any = None) -> tuple[str, ..
     where = settings.node_netns
     if where is not None:
         try:
-            netns.entered(where)
-        except netns.NamespaceError as exc:  # the operator's setting: said, and the default route
+            namespaces.entered(where)
+        except namespaces.NamespaceError as exc:  # the operator's setting: said, and the default route
             log.warning("fetch links: %s; fetching over the default route", exc)
             return ()
     if links == ("auto",):
@@ -171,7 +171,7 @@ def resolve_addresses(settings: Settings, topology: Any = None) -> tuple[str, ..
             # on a pod network without DSAGENT_NODE_NETNS: nothing is wrong, the NICs are the host's
             log.info("fetch links: %s are the host's, not in this network namespace: the default route", missing)
         else:
-            hint = "" if where is not None else " (the agent needs the host's network: DSAGENT_NODE_NETNS)"
+            hint = "" if where is not None else " (the NICs are the node's: DSAGENT_NODE_NETNS, or the host's network)"
             log.warning("fetch links: %s not on this node%s", missing, hint)
     return usable if len(usable) > 1 else ()
 
@@ -186,7 +186,7 @@ def _bindable(address: str, where: str | None = None) -> bool:
         probe = (
             socket.socket(family, socket.SOCK_STREAM)
             if where is None
-            else netns.entered(where).socket(family, socket.SOCK_STREAM)
+            else namespaces.entered(where).socket(family, socket.SOCK_STREAM)
         )
         with probe:
             probe.bind((address, 0))

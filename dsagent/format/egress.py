@@ -41,7 +41,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from dsagent.errors import InvalidInput
-from dsplatform import netns
+from dsplatform import netns as namespaces
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -226,7 +226,7 @@ class Guard:
         sock = (
             socket.socket(family, kind, proto)
             if self.netns is None
-            else netns.entered(self.netns).socket(family, kind, proto)
+            else namespaces.entered(self.netns).socket(family, kind, proto)
         )
         try:
             sock.setblocking(False)

@@ -385,3 +385,38 @@ def test_pods_admitted_in_a_burst_are_not_planned_onto_the_same_gpus(nodes: list
     listing[0] = [dataclasses.replace(n, resource_version="2") if n.name == "n2" else n for n in seen]
     after = [moving.decide(training_pod()).plan for _ in range(2)]
     assert sorted(p.allocation for p in after if p is not None) == [(("n1", 4),), (("n2", 4),)]
+
+
+def test_a_default_install_plans_a_one_pod_job_that_asks(
+    apiserver: FakeApiServer, chart_tls: dict[str, Any], tmp_path: Path
+) -> None:
+    """The webhook process with the settings the chart's defaults give it: a one-pod job
+    that says ``dsagent.io/deadline-plan: apply`` gets its plan's GPUs and node; one that
+    does not is left as it asked."""
+    from tests.charts.test_chart import render
+    from tests.dsagent.webhook.test_webhook import call, webhook_process
+    from tests.test_default_install_gpu_path import chart_env
+
+    env = chart_env(render({}), "Deployment", "-webhook")
+    assert env["DSAGENT_WEBHOOK_DEADLINE_PLANS"] == "true"
+    own = {
+        k: v
+        for k, v in env.items()
+        if k.startswith("DSAGENT_WEBHOOK_") and not k.endswith(("_FILE", "_LISTEN", "_KUBECONFIG"))
+    }
+    asking, plain = training_pod(), training_pod()
+    plain["metadata"]["annotations"].pop("dsagent.io/deadline-plan")
+    with webhook_process(chart_tls, apiserver, tmp_path, extra_env=own) as server:
+        status, answer = call(server, "POST", "/mutate", review(asking))
+        assert status == 200
+        _, untouched = call(server, "POST", "/mutate", review(plain))
+    response = answer["response"]
+    assert response["allowed"] is True and "warnings" not in response, response
+    mutated = json_patch(copy.deepcopy(asking), json.loads(base64.b64decode(response["patch"])))
+    planned = json.loads(mutated["metadata"]["annotations"]["dsagent.io/planned"])
+    assert planned["formula"] == env["DSAGENT_WEBHOOK_PLAN_FORMULA"] and len(planned["nodes"]) == 1
+    assert gpus_of(mutated) == (str(planned["gpus"]),) * 2 and required_nodes(mutated) == [list(planned["nodes"])]
+    assert (
+        "patch" not in untouched["response"]
+        or "dsagent.io~1planned" not in base64.b64decode(untouched["response"]["patch"]).decode()
+    )

@@ -22,7 +22,6 @@ import pytest
 from dsagent.kube.datasets import DatasetClient
 from dsagent.webhook.mutation import INIT_CONTAINER, Injection
 from dsagent.webhook.server import decide, response
-from tests.charts.test_chart import NAMESPACE, find, render
 from tools.support.fake_apiserver import FakeApiServer, json_patch, make_dataset
 from tools.support.harness import free_port
 
@@ -122,27 +121,6 @@ def _no_lookup(namespace: str, name: str) -> Any:
 
 
 # -- the real server process, over TLS with the chart's certificate
-
-
-@pytest.fixture(scope="module")
-def chart_tls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The serving certificate, CA bundle and injection config as `helm install` renders them."""
-    docs = render()
-    secret = find(docs, "Secret", "-webhook-tls")
-    service = find(docs, "Service", "-webhook")
-    webhook = find(docs, "MutatingWebhookConfiguration")["webhooks"][0]
-    folder = tmp_path_factory.mktemp("webhook")
-    files = {}
-    for key in ("tls.crt", "tls.key"):
-        files[key] = folder / key
-        files[key].write_bytes(base64.b64decode(secret["data"][key]))
-    files["injection"] = folder / "injection.json"
-    files["injection"].write_text(find(docs, "ConfigMap", "-webhook")["data"]["injection.json"])
-    return {
-        "files": files,
-        "ca": base64.b64decode(webhook["clientConfig"]["caBundle"]).decode(),
-        "host": f"{service['metadata']['name']}.{NAMESPACE}.svc",
-    }
 
 
 @pytest.fixture(scope="module")
