@@ -38,8 +38,10 @@ _T = TypeVar("_T")
 #: ``CLONE_NEWNET`` (linux/sched.h): setns joins the file's network namespace
 CLONE_NEWNET = 0x40000000
 
-#: threads that entered it: a link's connects at once (each waits at most its timeout)
-THREADS = 4
+#: threads that entered it, made as needed: a peer link's connect runs whole in one (up to
+#: its timeout), so as many as an agent's fetches connect at once by default (4 versions x
+#: 8 workers): a peer that does not answer holds one thread, not the others' connects
+THREADS = 32
 
 
 class NamespaceError(InvalidInput):
