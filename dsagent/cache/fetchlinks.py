@@ -35,7 +35,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import httpcore
 import httpx
@@ -132,24 +132,42 @@ def addresses_of(nics: Sequence[Any]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
+class LinkChoice(NamedTuple):
+    """The links this node's fetches spread over (none: the default route), and why: what
+    the agent logs, and in cluster mode says on its Node (the ``DsplatformFetchLinks``
+    condition's reason and message, and an Event)."""
+
+    addresses: tuple[str, ...]
+    reason: str
+    message: str
+
+
 def resolve_addresses(settings: Settings, topology: Any = None) -> tuple[str, ...]:
-    """The local addresses fetches spread over, in priority order: ``DSAGENT_FETCH_LINKS``
-    as given, or with ``auto`` those of :func:`gpu_topology.transfer_nics` (the NICs near
-    the node's GPUs, nearest first: the same PCIe switch, then the same host bridge, then the
-    same NUMA node; or every RoCE NIC when no GPU is known) from ``topology`` or, when None,
-    the node's own discovered; an address no socket here can leave from is left out, with a
-    warning (with ``auto`` and none here at all, the agent on a pod network, an info line).
-    With ``DSAGENT_NODE_NETNS`` the NICs' addresses, and whether a socket can leave from
-    one, are those of that network namespace (the node's). Fewer than two: () (one link is
-    the default route). Blocking."""
+    """The local addresses fetches spread over, in priority order: :func:`choose_links`'s."""
+    return choose_links(settings, topology).addresses
+
+
+def choose_links(settings: Settings, topology: Any = None) -> LinkChoice:
+    """The links fetches spread over, in priority order, and why: ``DSAGENT_FETCH_LINKS``
+    as given, or with ``auto`` the addresses of :func:`gpu_topology.transfer_nics` (the NICs
+    near the node's GPUs, nearest first: the same PCIe switch, then the same host bridge,
+    then the same NUMA node; or every RoCE NIC when no GPU is known) from ``topology`` or,
+    when None, the node's own discovered; an address no socket here can leave from is left
+    out, with a warning (with ``auto`` and none here at all, the agent on a pod network, an
+    info line). With ``DSAGENT_NODE_NETNS`` the NICs' addresses, and whether a socket can
+    leave from one, are those of that network namespace (the node's). Fewer than two: no
+    link (one link is the default route). Blocking."""
     links = settings.fetch_links
     where = settings.node_netns
+    if not links:
+        return LinkChoice((), "Off", "DSAGENT_FETCH_LINKS is empty: fetches take the default route")
     if where is not None:
         try:
             namespaces.entered(where)
         except namespaces.NamespaceError as exc:  # the operator's setting: said, and the default route
             log.warning("fetch links: %s; fetching over the default route", exc)
-            return ()
+            return LinkChoice((), "NamespaceRefused", f"{exc}: fetches take the default route")
+    levels: dict[str, Any] = {}
     if links == ("auto",):
         from gpu_topology import TopologyError, discover, transfer_level, transfer_nics
 
@@ -161,9 +179,10 @@ def resolve_addresses(settings: Settings, topology: Any = None) -> tuple[str, ..
             levels = {a: transfer_level(topology, nic) for nic in nics for a in addresses_of([nic])}
         except TopologyError as exc:
             log.warning("fetch links: the node's topology is unknown (%s); fetching over the default route", exc)
-            return ()
-        described = [f"{a} ({level.value if (level := levels.get(a)) else 'RoCE'})" for a in links]
-        log.info("fetch links from the topology, nearest first: %s", ", ".join(described) or "none with an address")
+            return LinkChoice((), "NoTopology", f"the node's topology is unknown ({exc}): the default route")
+        log.info(
+            "fetch links from the topology, nearest first: %s", _described(links, levels) or "none with an address"
+        )
     usable = tuple(a for a in links if _bindable(a, where))
     if len(usable) < len(links):
         missing = ", ".join(a for a in links if a not in usable)
@@ -173,7 +192,19 @@ def resolve_addresses(settings: Settings, topology: Any = None) -> tuple[str, ..
         else:
             hint = "" if where is not None else " (the NICs are the node's: DSAGENT_NODE_NETNS, or the host's network)"
             log.warning("fetch links: %s not on this node%s", missing, hint)
-    return usable if len(usable) > 1 else ()
+    if len(usable) > 1:
+        return LinkChoice(usable, "Links", f"fetches split over {_described(usable, levels)}")
+    if settings.fetch_links == ("auto",):
+        near = f"one NIC near the GPUs ({usable[0]})" if usable else "no NIC near the GPUs with an address here"
+        return LinkChoice((), "FewerThanTwoNics", f"{near}: fetches take the default route")
+    return LinkChoice((), "NotOnNode", f"fewer than two of {', '.join(links)} on this node: the default route")
+
+
+def _described(addresses: Sequence[str], levels: dict[str, Any]) -> str:
+    """Each address with its NIC's nearest link to a GPU (``auto``), or as listed."""
+    if not levels:
+        return ", ".join(addresses)
+    return ", ".join(f"{a} ({level.value if (level := levels.get(a)) else 'RoCE'})" for a in addresses)
 
 
 def _bindable(address: str, where: str | None = None) -> bool:
@@ -352,6 +383,7 @@ DEFAULT_ROUTE = Lease(None, None)
 __all__ = [
     "DEFAULT_ROUTE",
     "LINK_ERRORS",
+    "LinkChoice",
     "NOT_LINK_ERRORS",
     "RANGE_MIN",
     "Lease",
@@ -360,6 +392,7 @@ __all__ = [
     "addresses_of",
     "bound_options",
     "can_bind",
+    "choose_links",
     "resolve_addresses",
     "transport_in",
 ]

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 from dsagent.cache import recovery, report
 from dsagent.cache.catalog import Catalog, TaskRow
 from dsagent.cache.claims import Claims
-from dsagent.cache.fetchlinks import Links, resolve_addresses
+from dsagent.cache.fetchlinks import LinkChoice, Links, choose_links
 from dsagent.cache.flights import Flights
 from dsagent.cache.layout import Store, validate_name
 from dsagent.cache.metrics import Metrics
@@ -110,6 +110,8 @@ class CacheService:
         self.peers = PeerFetcher(settings, self.store, self.metrics, cluster_holders=hooks.peer_holders)
         # DSAGENT_FETCH_LINKS, resolved at start (docs/design.md#links)
         self.links = Links((), self.metrics, range_min=self.settings.fetch_range_min, netns=self.settings.node_netns)
+        # which links, and why (said on the Node in cluster mode); set by start()
+        self.link_choice = LinkChoice((), "Off", "DSAGENT_FETCH_LINKS is empty: fetches take the default route")
         self._versions = Versions(self.node, space=self._space, peers=self.peers, links=self.links)
         self.stripes = StripeShares(
             settings,
@@ -161,7 +163,8 @@ class CacheService:
         )
         await recovery.reconcile(self.pools, self.catalog, self.store, now=self.clock)
         if self.settings.fetch_links:
-            self.links.addresses = await self.pools.work(resolve_addresses, self.settings)
+            self.link_choice = await self.pools.work(choose_links, self.settings)
+            self.links.addresses = self.link_choice.addresses
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="dsagent-sweep")
         self._stripes_back = asyncio.create_task(self.stripes.recover(), name="dsagent-stripes")
         for task_id, request, digest in await recovery.interrupted(self.pools, self.catalog, now=self.clock()):

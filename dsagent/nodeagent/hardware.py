@@ -25,8 +25,10 @@ from typing import Any
 from dsplatform.published import DEVICE_PLUGIN_LABEL
 from gpu_topology import Topology, roce_classes
 
-#: the Node condition the agent keeps on its Node
+#: the Node condition the agent keeps on its Node: which device plugin serves the GPUs
 CONDITION = "DsplatformRoceClasses"
+#: the Node condition of the fetch links: which NICs a version's fetches spread over
+LINKS_CONDITION = "DsplatformFetchLinks"
 #: the agent's label: this node's GPUs are served by the agent's device plugin
 PLUGIN_LABEL = DEVICE_PLUGIN_LABEL
 #: the NVIDIA GPU Operator's label that keeps its device plugin off a node
@@ -98,14 +100,14 @@ def release_patch(labels: dict[str, str], plugin_label: str = PLUGIN_LABEL) -> d
 RELEASED = Decision(False, "Uninstalled", "dsplatform was uninstalled: NVIDIA's device plugin serves the GPUs")
 
 
-def status_patch(decision: Decision, now: str) -> dict[str, Any]:
-    """The strategic merge patch of the Node's status with the condition for ``decision``
+def status_patch(decision: Decision, now: str, condition: str = CONDITION) -> dict[str, Any]:
+    """The strategic merge patch of the Node's status with ``condition`` for ``decision``
     (conditions merge by type, so the kubelet's own are left as they are)."""
     return {
         "status": {
             "conditions": [
                 {
-                    "type": CONDITION,
+                    "type": condition,
                     "status": "True" if decision.on else "False",
                     "reason": decision.reason,
                     "message": decision.message,
@@ -119,6 +121,7 @@ def status_patch(decision: Decision, now: str) -> dict[str, Any]:
 
 __all__ = [
     "CONDITION",
+    "LINKS_CONDITION",
     "Decision",
     "NVIDIA_PLUGIN_LABEL",
     "PLUGIN_LABEL",

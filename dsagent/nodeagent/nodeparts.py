@@ -279,12 +279,53 @@ def _others_devices(settings: Settings, client: Any) -> Callable[[], Awaitable[s
     return others
 
 
-def _write_on_node(core: Any, name: str, labels_patch: dict[str, Any], decision: Any | None) -> None:
-    """Node ``name``'s labels patched (``labels_patch``, none when empty) and its
-    ``DsplatformRoceClasses`` condition set for ``decision`` (None: left alone): what the
-    agent's decision and the release's uninstall both write."""
+def publish_links(settings: Settings, choice: Any) -> None:
+    """Say on the agent's Node which links its fetches spread over, and why
+    (:class:`dsagent.cache.fetchlinks.LinkChoice`): the ``DsplatformFetchLinks`` condition
+    and a Node Event. Best effort: a refusal or an unreachable API server is logged, the
+    agent goes on."""
+    from kubernetes import client
+
     from dsagent.kube import apiclient
-    from dsagent.nodeagent.hardware import status_patch
+    from dsagent.kube.events import EventRecorder, ObjectRef
+    from dsagent.nodeagent.hardware import LINKS_CONDITION, Decision
+
+    decision = Decision(bool(choice.addresses), choice.reason, choice.message)
+    try:
+        api = apiclient.load()
+    except DsagentError as exc:
+        logging.getLogger("dsagent").warning(
+            "could not say on node %s which links it fetches over: %s", settings.node_name, exc
+        )
+        return
+    try:
+        core = client.CoreV1Api(api)
+        with apiclient.translated(f"read node {settings.node_name}"):
+            node = core.read_node(settings.node_name, _request_timeout=10)
+        _write_on_node(core, settings.node_name, {}, decision, condition=LINKS_CONDITION)
+        uid = str(node.metadata.uid or "") if node.metadata else ""
+        events = EventRecorder(api, controller="dsagent.io/agent", instance=settings.node_name)
+        events.record(
+            ObjectRef("v1", "Node", "default", settings.node_name, uid),
+            type="Normal", reason="FetchLinksOn" if decision.on else "FetchLinksOff",
+            action="Decide", note=decision.message,
+        )  # fmt: skip
+    except DsagentError as exc:
+        logging.getLogger("dsagent").warning(
+            "could not say on node %s which links it fetches over: %s", settings.node_name, exc
+        )
+    finally:
+        api.close()
+
+
+def _write_on_node(
+    core: Any, name: str, labels_patch: dict[str, Any], decision: Any | None, *, condition: str | None = None
+) -> None:
+    """Node ``name``'s labels patched (``labels_patch``, none when empty) and its
+    ``condition`` (``DsplatformRoceClasses`` unless given) set for ``decision`` (None: left
+    alone): what the agent's decisions and the release's uninstall write."""
+    from dsagent.kube import apiclient
+    from dsagent.nodeagent.hardware import CONDITION, status_patch
     from dsplatform.kubetime import format_time
 
     if labels_patch:
@@ -295,7 +336,7 @@ def _write_on_node(core: Any, name: str, labels_patch: dict[str, Any], decision:
     with apiclient.translated(f"set the condition of node {name}"):
         # strategic merge: the conditions merge by type (a merge patch would replace the kubelet's)
         core.patch_node_status(
-            name, status_patch(decision, format_time(time.time())),
+            name, status_patch(decision, format_time(time.time()), condition or CONDITION),
             _content_type="application/strategic-merge-patch+json", _request_timeout=10,
         )  # fmt: skip
 

@@ -54,6 +54,7 @@ from dsagent.nodeagent.nodeparts import (
     SETTINGS,
     decide_device_plugin,
     node_parts,
+    publish_links,
     require_kubelet_extra,
     start_device_plugin,
     start_when_handed_over,
@@ -254,12 +255,15 @@ async def _run(
         handing_off = False
         handed_signal: int | None = None  # the stop signal, passed on to uvicorn once the hand-off ends
         serving_loop: asyncio.AbstractEventLoop | None = None  # where a signal starts the hand-off
+        links_said: asyncio.Task[None] | None = None  # the Node told which links (kept while it runs)
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             self.serving_loop = asyncio.get_running_loop()
             if self.started:
                 logging.getLogger("dsagent").info("%s", startup_line(settings, plugin_state()))
+                if settings.kubernetes and settings.fetch_links:  # which links, on the Node (in the background)
+                    self.links_said = asyncio.create_task(asyncio.to_thread(publish_links, settings, svc.link_choice))
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             loop, first = self.serving_loop, not self.should_exit and not self.handing_off

@@ -435,7 +435,8 @@ def test_the_agent_may_only_read_and_patch_nodes_watch_pods_read_datasets_and_wr
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
     # no pods/get: the agent only lists and watches, with spec.nodeName; Events on its pods;
-    # its Node's DsplatformRoceClasses condition (device plugin auto; the admission policy: that one only)
+    # its Node's DsplatformRoceClasses and DsplatformFetchLinks conditions (device plugin auto,
+    # fetch links; the admission policy: those only)
     assert rules_of(rendered["default"], "-agent") == {
         ("events.k8s.io", "events", "create"),
         ("events.k8s.io", "events", "patch"),

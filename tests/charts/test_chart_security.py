@@ -78,9 +78,10 @@ def test_the_policy_compares_the_written_node_with_the_node_name_in_the_agents_t
     assert "variables.newLabels.all(" in labels and "variables.oldLabels.all(" in labels
     own = {v["name"]: v["expression"] for v in spec["variables"]}["ownLabels"]
     assert own == "['dsagent.io/device-plugin', 'nvidia.com/gpu.deploy.device-plugin']"
-    # status: its own condition only; the kubelet's conditions, capacity and addresses as they were
+    # status: its own conditions only; the kubelet's conditions, capacity and addresses as they were
     [status] = [e for e in expressions if "request.subResource != 'status'" in e]
-    assert "c.type != 'DsplatformRoceClasses'" in status and "object.status.capacity" in status
+    assert "!(c.type in ['DsplatformRoceClasses', 'DsplatformFetchLinks'])" in status
+    assert "object.status.capacity" in status
     [annotations] = [e for e in expressions if "startsWith('dsagent.io/')" in e]
     assert "variables.newAnnotations.all(" in annotations and "variables.oldAnnotations.all(" in annotations
     for validation in spec["validations"]:

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from dsagent.cache.fetchlinks import LinkSet, addresses_of, bound_options, resolve_addresses
+from dsagent.cache.fetchlinks import LinkSet, addresses_of, bound_options, choose_links, resolve_addresses
 from dsagent.cache.settings import Settings
 from dsagent.errors import SourceUnavailable
 from dsagent.format.bundles.bundle import pack, verify_tree
@@ -424,3 +424,65 @@ def test_auto_on_a_pod_network_is_the_default_route_said_in_one_info_line(caplog
     said = [r for r in caplog.records if "198.51.100.2" in r.getMessage() and "default route" in r.getMessage()]
     assert [r.levelno for r in said] == [logging.INFO]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize(
+    ("links", "status", "reason", "said"),
+    [
+        ("127.0.0.2,127.0.0.3", "True", "Links", "fetches split over 127.0.0.2, 127.0.0.3"),
+        ("127.0.0.2,192.0.2.7", "False", "NotOnNode", "fewer than two of 127.0.0.2, 192.0.2.7 on this node"),
+    ],
+    ids=["on", "off"],
+)
+def test_in_cluster_mode_the_node_says_which_links_and_why(
+    apiserver: Any, agent_factory: Any, tmp_path: Path, links: str, status: str, reason: str, said: str
+) -> None:
+    """The ``DsplatformFetchLinks`` condition and a Node Event, as the device plugin's
+    decision is said (docs/design.md#defaults)."""
+    from tools.support.fake_apiserver import make_node
+
+    apiserver.create(make_node("n1"))
+    env = {
+        "DSAGENT_KUBERNETES": "1",
+        "KUBECONFIG": str(apiserver.write_kubeconfig(tmp_path / "kubeconfig")),
+        "DSAGENT_NODE_NAME": "n1",
+        "DSAGENT_FETCH_LINKS": links,
+    }
+    agent_factory("b", env=env)
+    deadline = time.monotonic() + 20
+    while True:  # the condition, then the Event
+        node = apiserver.get("nodes", "n1") or {}
+        found = [c for c in node.get("status", {}).get("conditions", []) if c["type"] == "DsplatformFetchLinks"]
+        events = [e for e in apiserver.list("events") if e["regarding"]["name"] == "n1"]
+        if (found and events) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    [condition] = found
+    assert (condition["status"], condition["reason"]) == (status, reason) and said in condition["message"]
+    [event] = events
+    assert event["reason"] == ("FetchLinksOn" if status == "True" else "FetchLinksOff") and said in event["note"]
+
+
+def test_the_choice_says_why_there_are_no_links() -> None:
+    """What the Node's condition says (:func:`choose_links`' reason and message)."""
+    one = Topology(
+        gpus=(Gpu(0),),
+        nics=(Nic("mlx5_0", link_layer="Ethernet", addresses=("127.0.0.2/8",)),),
+        links={"GPU0": {"mlx5_0": Link.parse("PIX")}},
+    )
+    auto = Settings(fetch_links=("auto",))
+    assert choose_links(auto, one) == (
+        (),
+        "FewerThanTwoNics",
+        "one NIC near the GPUs (127.0.0.2): fetches take the default route",
+    )
+    none_here = Topology(gpus=(Gpu(0),), nics=(Nic("mlx5_0", link_layer="Ethernet", addresses=("198.51.100.1/24",)),))
+    assert choose_links(auto, none_here).reason == "FewerThanTwoNics"
+    assert "no NIC near the GPUs with an address here" in choose_links(auto, none_here).message
+    assert choose_links(Settings(), one) == ((), "Off", "DSAGENT_FETCH_LINKS is empty: fetches take the default route")
+    two = Topology(
+        gpus=(Gpu(0),),
+        nics=tuple(Nic(f"mlx5_{i}", link_layer="Ethernet", addresses=(f"{a}/8",)) for i, a in enumerate(LINKS[:2])),
+        links={"GPU0": {"mlx5_0": Link.parse("PIX"), "mlx5_1": Link.parse("PXB")}},
+    )
+    assert choose_links(auto, two) == (LINKS[:2], "Links", "fetches split over 127.0.0.2 (PIX), 127.0.0.3 (PXB)")
