@@ -208,30 +208,63 @@ def publish_hardware_decision(settings: Settings, decision: Any) -> None:
     """Say on the agent's Node which device plugin serves its GPUs and why: the labels
     (:func:`dsagent.nodeagent.hardware.node_patch`), the condition and a Node Event. Best
     effort: a refusal (RBAC, the admission policy) is logged, the agent goes on."""
+    from dsagent.nodeagent.hardware import CONDITION, PLUGIN_LABEL, node_patch
+
+    label = settings.device_plugin_node_label or PLUGIN_LABEL
+    _say_on_node(
+        settings, decision, CONDITION, ("DevicePluginOn", "DevicePluginOff"), "which device plugin serves its GPUs",
+        labels=lambda now: node_patch(decision, now, label),
+    )  # fmt: skip
+
+
+def publish_links(settings: Settings, choice: Any) -> None:
+    """Say on the agent's Node which links its fetches spread over, and why
+    (:class:`dsagent.cache.fetchlinks.LinkChoice`): the ``DsplatformFetchLinks`` condition
+    and a Node Event. Best effort, as :func:`publish_hardware_decision`."""
+    from dsagent.nodeagent.hardware import LINKS_CONDITION, Decision
+
+    decision = Decision(bool(choice.addresses), choice.reason, choice.message)
+    _say_on_node(settings, decision, LINKS_CONDITION, ("FetchLinksOn", "FetchLinksOff"), "which links it fetches over")
+
+
+def _say_on_node(
+    settings: Settings,
+    decision: Any,
+    condition: str,
+    reasons: tuple[str, str],
+    what: str,
+    *,
+    labels: Callable[[dict[str, str]], dict[str, Any]] | None = None,
+) -> None:
+    """A decision on the agent's Node: ``labels``' patch of its labels (given the Node's
+    now), ``condition`` and a Node Event (``reasons``: on, off). Best effort: a refusal or an
+    unreachable API server is logged (``what`` the agent could not say), the agent goes on."""
     from kubernetes import client
 
     from dsagent.kube import apiclient
     from dsagent.kube.events import EventRecorder, ObjectRef
-    from dsagent.nodeagent.hardware import PLUGIN_LABEL, node_patch
 
     log = logging.getLogger("dsagent")
-    api = apiclient.load()
+    try:
+        api = apiclient.load()
+    except DsagentError as exc:
+        log.warning("could not say on node %s %s: %s", settings.node_name, what, exc)
+        return
     try:
         core = client.CoreV1Api(api)
         with apiclient.translated(f"read node {settings.node_name}"):
             node = core.read_node(settings.node_name, _request_timeout=10)
-        labels = dict((node.metadata.labels if node.metadata else None) or {})
-        patch = node_patch(decision, labels, settings.device_plugin_node_label or PLUGIN_LABEL)
-        _write_on_node(core, settings.node_name, patch, decision)
+        now = dict((node.metadata.labels if node.metadata else None) or {})
+        patch = labels(now) if labels is not None else {}
+        _write_on_node(core, settings.node_name, patch, decision, condition=condition)
         uid = str(node.metadata.uid or "") if node.metadata else ""
         events = EventRecorder(api, controller="dsagent.io/agent", instance=settings.node_name)
         events.record(
             ObjectRef("v1", "Node", "default", settings.node_name, uid),
-            type="Normal", reason="DevicePluginOn" if decision.on else "DevicePluginOff",
-            action="Decide", note=decision.message,
+            type="Normal", reason=reasons[0] if decision.on else reasons[1], action="Decide", note=decision.message,
         )  # fmt: skip
     except DsagentError as exc:
-        log.warning("could not say on node %s which device plugin serves its GPUs: %s", settings.node_name, exc)
+        log.warning("could not say on node %s %s: %s", settings.node_name, what, exc)
     finally:
         api.close()
 
@@ -277,45 +310,6 @@ def _others_devices(settings: Settings, client: Any) -> Callable[[], Awaitable[s
         return others_devices(await client.allocatable(), lambda r: r.startswith(prefix) or r == plain)
 
     return others
-
-
-def publish_links(settings: Settings, choice: Any) -> None:
-    """Say on the agent's Node which links its fetches spread over, and why
-    (:class:`dsagent.cache.fetchlinks.LinkChoice`): the ``DsplatformFetchLinks`` condition
-    and a Node Event. Best effort: a refusal or an unreachable API server is logged, the
-    agent goes on."""
-    from kubernetes import client
-
-    from dsagent.kube import apiclient
-    from dsagent.kube.events import EventRecorder, ObjectRef
-    from dsagent.nodeagent.hardware import LINKS_CONDITION, Decision
-
-    decision = Decision(bool(choice.addresses), choice.reason, choice.message)
-    try:
-        api = apiclient.load()
-    except DsagentError as exc:
-        logging.getLogger("dsagent").warning(
-            "could not say on node %s which links it fetches over: %s", settings.node_name, exc
-        )
-        return
-    try:
-        core = client.CoreV1Api(api)
-        with apiclient.translated(f"read node {settings.node_name}"):
-            node = core.read_node(settings.node_name, _request_timeout=10)
-        _write_on_node(core, settings.node_name, {}, decision, condition=LINKS_CONDITION)
-        uid = str(node.metadata.uid or "") if node.metadata else ""
-        events = EventRecorder(api, controller="dsagent.io/agent", instance=settings.node_name)
-        events.record(
-            ObjectRef("v1", "Node", "default", settings.node_name, uid),
-            type="Normal", reason="FetchLinksOn" if decision.on else "FetchLinksOff",
-            action="Decide", note=decision.message,
-        )  # fmt: skip
-    except DsagentError as exc:
-        logging.getLogger("dsagent").warning(
-            "could not say on node %s which links it fetches over: %s", settings.node_name, exc
-        )
-    finally:
-        api.close()
 
 
 def _write_on_node(
