@@ -937,6 +937,9 @@ def test_the_notes_say_which_pod_security_level_each_mode_needs() -> None:
     assert "two or more NUMA groups" in default and "nvidia.com/gpu.deploy.device-plugin=false" in default
     assert "DSAGENT_PLUGIN:.metadata.labels.dsagent\\.io/device-plugin" in default and "pre-delete hook" in default
     assert "device plugin" not in notes({"agent": {"devicePlugin": {"enabled": False}}})
+    # the fetch links: which NICs each node took, or why none
+    assert 'LINKS:.status.conditions[?(@.type=="DsplatformFetchLinks")].message' in default
+    assert "DsplatformFetchLinks" not in notes({"agent": {"fetchLinks": ""}})
 
 
 def test_replicas_spread_over_nodes_and_zones_and_repel_each_other(rendered: dict[str, list[dict[str, Any]]]) -> None:
