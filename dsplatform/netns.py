@@ -21,8 +21,6 @@ and process. The path is the operator's setting (``DSAGENT_NODE_NETNS``), never 
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import functools
 import os
 import socket
@@ -55,6 +53,9 @@ def _setns(fd: int) -> None:
     if setns is not None:
         setns(fd, CLONE_NEWNET)
         return
+    import ctypes  # Python before 3.12: libc's setns
+    import ctypes.util
+
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
     if libc.setns(fd, CLONE_NEWNET) != 0:
         errno = ctypes.get_errno()
