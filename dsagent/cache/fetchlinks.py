@@ -2,7 +2,7 @@
 near the node's GPUs, each connection bound to one NIC's address (docs/design.md#links).
 
 Who calls it: :class:`dsagent.cache.service.CacheService` builds one :class:`Links` from
-``DSAGENT_FETCH_LINKS`` (``auto``: :func:`resolve_addresses` asks the node's topology);
+``DSAGENT_FETCH_LINKS`` (``auto``: :func:`choose_links` asks the node's topology);
 :mod:`dsagent.cache.versions` opens a :class:`LinkSet` per version fetched; and
 :func:`dsagent.cache.fetch.fetch_bundles` leases one link per bundle
 (:meth:`LinkSet.lease`), over which :class:`~dsagent.cache.peers.PeerFetcher` (an httpx
@@ -142,9 +142,8 @@ class LinkChoice(NamedTuple):
     message: str
 
 
-def resolve_addresses(settings: Settings, topology: Any = None) -> tuple[str, ...]:
-    """The local addresses fetches spread over, in priority order: :func:`choose_links`'s."""
-    return choose_links(settings, topology).addresses
+#: no link configured (``DSAGENT_FETCH_LINKS`` empty): the default route
+NO_LINKS = LinkChoice((), "Off", "DSAGENT_FETCH_LINKS is empty: fetches take the default route")
 
 
 def choose_links(settings: Settings, topology: Any = None) -> LinkChoice:
@@ -160,7 +159,7 @@ def choose_links(settings: Settings, topology: Any = None) -> LinkChoice:
     links = settings.fetch_links
     where = settings.node_netns
     if not links:
-        return LinkChoice((), "Off", "DSAGENT_FETCH_LINKS is empty: fetches take the default route")
+        return NO_LINKS
     if where is not None:
         try:
             namespaces.entered(where)
@@ -388,11 +387,11 @@ __all__ = [
     "RANGE_MIN",
     "Lease",
     "LinkSet",
+    "NO_LINKS",
     "Links",
     "addresses_of",
     "bound_options",
     "can_bind",
     "choose_links",
-    "resolve_addresses",
     "transport_in",
 ]

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 from dsagent.cache import recovery, report
 from dsagent.cache.catalog import Catalog, TaskRow
 from dsagent.cache.claims import Claims
-from dsagent.cache.fetchlinks import LinkChoice, Links, choose_links
+from dsagent.cache.fetchlinks import NO_LINKS, LinkChoice, Links, choose_links
 from dsagent.cache.flights import Flights
 from dsagent.cache.layout import Store, validate_name
 from dsagent.cache.metrics import Metrics
@@ -111,7 +111,7 @@ class CacheService:
         # DSAGENT_FETCH_LINKS, resolved at start (docs/design.md#links)
         self.links = Links((), self.metrics, range_min=self.settings.fetch_range_min, netns=self.settings.node_netns)
         # which links, and why (said on the Node in cluster mode); set by start()
-        self.link_choice = LinkChoice((), "Off", "DSAGENT_FETCH_LINKS is empty: fetches take the default route")
+        self.link_choice: LinkChoice = NO_LINKS
         self._versions = Versions(self.node, space=self._space, peers=self.peers, links=self.links)
         self.stripes = StripeShares(
             settings,

@@ -164,13 +164,6 @@ def _netns(text: str | None) -> str | None:
     return path
 
 
-def _addresses_in(path: str) -> Mapping[str, list[str]]:
-    """The net devices' addresses in the network namespace ``path`` (topology discovery's)."""
-    from gpu_topology.discovery.sysfs import ip_addresses_in
-
-    return ip_addresses_in(path)
-
-
 Peers = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_urls)]
 NetnsPath = Annotated[str | None, NoDecode, BeforeValidator(_netns)]
 FetchLinks = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_links)]
@@ -380,7 +373,9 @@ class Settings(StorageSettings, AgentLogSettings):
         None where both are this container's own."""
         sysfs: dict[str, Any] = {"root": self.sysfs_root} if self.sysfs_root != Path("/") else {}
         if self.node_netns is not None:
-            sysfs["addresses"] = functools.partial(_addresses_in, self.node_netns)
+            from gpu_topology.discovery.sysfs import ip_addresses_in
+
+            sysfs["addresses"] = functools.partial(ip_addresses_in, self.node_netns)
         return {"sysfs": sysfs} if sysfs else None
 
     @property

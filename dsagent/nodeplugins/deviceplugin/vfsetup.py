@@ -72,9 +72,9 @@ def create_vfs(root: str | os.PathLike[str], counts: dict[str, int]) -> list[str
 def set_address(netdev: str, address: str, *, netns: str | None = None) -> None:
     """Give ``netdev`` the IPv4 ``address`` (``a.b.c.d/len``) as its only IPv4 address, and bring it up.
 
-    ``netns``: the network namespace to act in, else the agent's own: a path (``DSAGENT_NODE_NETNS``,
-    the node's for an agent on the pod network) or the name of one ``ip netns`` made; the
-    netlink socket is made there (:mod:`dsplatform.netns`).
+    ``netns``: the path of the network namespace to act in (``DSAGENT_NODE_NETNS``, the
+    node's for an agent on the pod network), else the agent's own; the netlink socket is
+    made there (:mod:`dsplatform.netns`).
     """
     try:
         interface = ipaddress.IPv4Interface(address)
@@ -87,9 +87,8 @@ def set_address(netdev: str, address: str, *, netns: str | None = None) -> None:
         return
     from dsplatform import netns as namespaces
 
-    path = netns if netns.startswith("/") else f"/var/run/netns/{netns}"
     try:
-        where = namespaces.entered(path)
+        where = namespaces.entered(netns)
     except namespaces.NamespaceError as exc:
         raise VfSetupFailed(f"setting {address} on {netdev}: {exc}") from exc
     where.call(_set_address, netdev, interface, netns)

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from dsagent.cache.fetchlinks import LinkSet, addresses_of, bound_options, choose_links, resolve_addresses
+from dsagent.cache.fetchlinks import LinkSet, addresses_of, bound_options, choose_links
 from dsagent.cache.settings import Settings
 from dsagent.errors import SourceUnavailable
 from dsagent.format.bundles.bundle import pack, verify_tree
@@ -337,7 +337,7 @@ def test_fetch_links_settings() -> None:
         with pytest.raises(Exception, match="DSAGENT_FETCH_LINKS"):
             Settings.from_env({"DSAGENT_FETCH_LINKS": bad})
     one = Settings.from_env({"DSAGENT_FETCH_LINKS": "10.0.0.5"})
-    assert resolve_addresses(one) == (), "one link is the default route"
+    assert choose_links(one).addresses == (), "one link is the default route"
 
 
 def test_auto_takes_the_addresses_of_the_nics_near_the_gpus() -> None:
@@ -360,19 +360,25 @@ def test_auto_takes_the_addresses_of_the_nics_near_the_gpus() -> None:
         nics=tuple(Nic(f"mlx5_{i}", link_layer="Ethernet", addresses=(f"{a}/8",)) for i, a in enumerate(LINKS)),
         links={"GPU0": {"mlx5_0": Link.parse("PIX"), "mlx5_1": Link.parse("NODE"), "mlx5_2": Link.parse("SYS")}},
     )
-    assert resolve_addresses(Settings(fetch_links=("auto",)), loopback) == ("127.0.0.2", "127.0.0.3")
+    assert choose_links(Settings(fetch_links=("auto",)), loopback).addresses == ("127.0.0.2", "127.0.0.3")
     nearest_last = Topology(
         gpus=(Gpu(0),),
         nics=loopback.nics,
         links={"GPU0": {"mlx5_0": Link.parse("NODE"), "mlx5_1": Link.parse("PHB"), "mlx5_2": Link.parse("PIX")}},
     )
-    assert resolve_addresses(Settings(fetch_links=("auto",)), nearest_last) == ("127.0.0.4", "127.0.0.3", "127.0.0.2")
+    assert choose_links(Settings(fetch_links=("auto",)), nearest_last).addresses == (
+        "127.0.0.4",
+        "127.0.0.3",
+        "127.0.0.2",
+    )
 
 
 def test_addresses_that_are_not_on_this_node_are_left_out() -> None:
     """192.0.2.0/24 is TEST-NET-1: no node holds it, no socket can leave from it."""
-    assert resolve_addresses(Settings(fetch_links=("127.0.0.2", "192.0.2.7", "127.0.0.3"))) == LINKS[:2]
-    assert resolve_addresses(Settings(fetch_links=("127.0.0.2", "192.0.2.7"))) == (), "one link left: the default route"
+    assert choose_links(Settings(fetch_links=("127.0.0.2", "192.0.2.7", "127.0.0.3"))).addresses == LINKS[:2]
+    assert choose_links(Settings(fetch_links=("127.0.0.2", "192.0.2.7"))).addresses == (), (
+        "one link left: the default route"
+    )
 
 
 def test_store_reads_are_bound_to_the_links_address() -> None:
@@ -420,7 +426,7 @@ def test_auto_on_a_pod_network_is_the_default_route_said_in_one_info_line(caplog
         links={"GPU0": {"mlx5_0": Link.parse("PIX"), "mlx5_1": Link.parse("PXB")}},
     )
     with caplog.at_level(logging.INFO, logger="dsagent"):
-        assert resolve_addresses(Settings(fetch_links=("auto",)), elsewhere) == ()
+        assert choose_links(Settings(fetch_links=("auto",)), elsewhere).addresses == ()
     said = [r for r in caplog.records if "198.51.100.2" in r.getMessage() and "default route" in r.getMessage()]
     assert [r.levelno for r in said] == [logging.INFO]
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 
-from dsagent.cache.fetchlinks import bound_options, resolve_addresses, transport_in
+from dsagent.cache.fetchlinks import bound_options, choose_links, transport_in
 from dsagent.cache.settings import Settings
 from dsagent.format.bundles.bundle import pack
 from dsagent.format.egress import EgressPolicy, Guard
@@ -164,8 +164,8 @@ def test_discovery_reads_the_nics_addresses_in_the_namespace(node_ns: Node) -> N
         links={"GPU0": {"mlx5_0": Link.parse("PIX"), "mlx5_1": Link.parse("NODE")}},
     )
     there = Settings(fetch_links=("auto",), node_netns=node_ns.path)
-    assert resolve_addresses(there, topology) == (node_ns.links[0], node_ns.second)
-    assert resolve_addresses(Settings(fetch_links=("auto",)), topology) == (), "no socket here leaves from them"
+    assert choose_links(there, topology).addresses == (node_ns.links[0], node_ns.second)
+    assert choose_links(Settings(fetch_links=("auto",)), topology).addresses == (), "no socket here leaves from them"
 
 
 def test_a_namespace_that_cannot_be_entered_is_the_default_route_said_once(
@@ -178,7 +178,7 @@ def test_a_namespace_that_cannot_be_entered_is_the_default_route_said_once(
     with pytest.raises(NamespaceError, match="cannot open"):
         Namespace(str(tmp_path / "missing"))
     links = ("192.0.2.2", "192.0.2.3")  # TEST-NET-1: on no node
-    assert resolve_addresses(Settings(fetch_links=links, node_netns=str(tmp_path / "missing"))) == ()
+    assert choose_links(Settings(fetch_links=links, node_netns=str(tmp_path / "missing"))).addresses == ()
     assert ip_addresses_in(str(tmp_path / "missing")) == {}, "discovery: the addresses stay unknown"
     assert [r.getMessage() for r in caplog.records if "default route" in r.getMessage()] == [
         f"fetch links: cannot open the network namespace {tmp_path / 'missing'}: No such file or "

@@ -123,12 +123,12 @@ def test_set_address_gives_the_vf_one_address_and_brings_it_up(netns: str) -> No
     pytest.importorskip("pyroute2")
     before = link(netns)
     assert "UP" not in before["flags"] and ipv4(before) == []  # type: ignore[operator]
-    set_address("vf0", "10.1.0.11/24", netns=netns)
+    set_address("vf0", "10.1.0.11/24", netns=f"/var/run/netns/{netns}")
     after = link(netns)
     assert ipv4(after) == ["10.1.0.11/24"] and "UP" in after["flags"]  # type: ignore[operator]
-    set_address("vf0", "10.1.0.11/24", netns=netns)  # idempotent
+    set_address("vf0", "10.1.0.11/24", netns=f"/var/run/netns/{netns}")  # idempotent
     assert ipv4(link(netns)) == ["10.1.0.11/24"]
-    set_address("vf0", "10.2.0.12/16", netns=netns)  # a new address replaces the old one
+    set_address("vf0", "10.2.0.12/16", netns=f"/var/run/netns/{netns}")  # a new address replaces the old one
     assert ipv4(link(netns)) == ["10.2.0.12/16"]
 
 
@@ -136,7 +136,7 @@ def test_set_address_refuses_bad_input_in_one_line(netns: str) -> None:
     pytest.importorskip("pyroute2")
     for bad in ("10.1.0.11", "10.1.0.300/24", "fe80::1/64", "x" * 1000):
         with pytest.raises(InvalidInput):
-            set_address("vf0", bad, netns=netns)
+            set_address("vf0", bad, netns=f"/var/run/netns/{netns}")
     with pytest.raises(InvalidInput, match="no network device"):
-        set_address("vf9", "10.1.0.11/24", netns=netns)
+        set_address("vf9", "10.1.0.11/24", netns=f"/var/run/netns/{netns}")
     assert ipv4(link(netns)) == []
