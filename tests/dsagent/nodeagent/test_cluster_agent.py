@@ -29,6 +29,10 @@ from tools.support.fake_apiserver import FakeApiServer, json_patch, make_dataset
 NO_FLOOR: dict[str, Any] = {"reserve": 0, "nodefs_available": 0}
 
 NODE = "gpu-1"
+#: A capacity well under any test disk's free space, so that the inventory's ``freeBytes``
+#: moves only with this agent's cache: other tests writing to the same disk would otherwise
+#: move it across a rounding step and count as a change to publish.
+CAPACITY = 1 << 30
 FAST = ClusterSettings(publish_interval=0.05, watch_timeout=5, guard_wait=0.5)
 
 
@@ -49,7 +53,7 @@ async def cluster_agent(
     cluster: ClusterSettings = FAST,
     lease_ttl: float = 3600,
     roce_classes: str = "numa",
-    capacity_bytes: int | None = None,
+    capacity_bytes: int | None = CAPACITY,
     clock: Callable[[], float] | None = None,
 ) -> AsyncIterator[ClusterAgent]:
     settings = Settings(

@@ -101,9 +101,7 @@ def test_the_published_time_is_refreshed_at_the_heartbeat_without_a_change(
     cluster = ClusterSettings(publish_interval=0.05, watch_timeout=5, publish_heartbeat=1.0)
 
     async def scenario() -> None:
-        # a capacity well under the disk's free space: the inventory's freeBytes stays put
-        # while other tests write to the same disk (a changed inventory is no heartbeat)
-        async with cluster_agent(apiserver, tmp_path, cluster=cluster, capacity_bytes=1 << 30) as agent:
+        async with cluster_agent(apiserver, tmp_path, cluster=cluster) as agent:  # a fixed capacity: see CAPACITY
             await until(lambda: agent.patches >= 1, what="the first publish")
             first = parse(node_cache(apiserver)["publishedAt"])
 
