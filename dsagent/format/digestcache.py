@@ -1,14 +1,23 @@
 """The local digest cache: re-digesting an unchanged tree costs a walk and a stat per file.
 
-Who calls it: :func:`dsagent.format.digester.build_manifest` (and so ``dsctl digest / pack``).
-What it owns: one SQLite file mapping a local file's absolute path to the digest it had
-when its ``(size, mtime_ns, inode, ctime_ns)`` were as recorded. Any change to those
-(a rewrite, a ``touch``, a replacement by rename, even an mtime set back by hand, which
-still moves ctime) makes the entry miss and the file is read again.
+Who calls it: :func:`dsagent.format.digester.build_manifest` (and so ``dsctl digest``, the
+agent's local sources) and :func:`dsagent.format.bundles.bundle.pack_dataset` (``dsctl
+pack``). What it owns: one SQLite file holding, for each tree root digested, one record of
+the files under it: relative path, size, mtime_ns, inode, ctime_ns and digest, as columns.
+A file's recorded digest is taken while its ``(size, mtime_ns, inode, ctime_ns)`` are as
+recorded. Any change to those (a rewrite, a ``touch``, a replacement by rename, even an
+mtime set back by hand, which still moves ctime) makes the file miss and it is read again.
+
+One record a tree, not a row a file: reading and writing one SQLite row a file cost about
+5 us a file on one core, at every ``dsctl digest`` and ``pack`` (0.24 s of a 0.63 s pack of
+50,000 files of 4 KB on tmpfs), more than hashing small files from the page cache; a
+record is one read and one write of a few MB, and an unchanged tree is matched by comparing
+whole columns. A digest of a directory inside a recorded tree, or of its parent, starts a
+record of its own.
 
 Racy files: a file modified within the filesystem's timestamp granularity of being hashed
 could change again without its mtime moving (git's "racy clean" problem), so files whose
-mtime is less than ``racy_window_ns`` before the hashing started are not cached.
+mtime or ctime is less than ``racy_window_ns`` before the digest started are not recorded.
 Only local files are cached: object stores give no inode and coarse mtimes.
 """
 
@@ -16,19 +25,23 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import struct
+import sys
 import time
-from collections.abc import Iterable
+from array import array
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from dsagent.errors import SourceUnavailable
+from dsagent.format.walk import signed_inode
 
 
 class _Found(Protocol):
     """What the cache needs of a file the digester found (its walk's record satisfies it)."""
 
     @property
-    def location(self) -> str: ...
+    def path(self) -> str: ...
     @property
     def size(self) -> int: ...
     @property
@@ -39,20 +52,20 @@ class _Found(Protocol):
     def ctime_ns(self) -> int: ...
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS digests (
-    path TEXT PRIMARY KEY,
-    size INTEGER NOT NULL,
-    mtime_ns INTEGER NOT NULL,
-    inode INTEGER NOT NULL,
-    ctime_ns INTEGER NOT NULL,
-    digest TEXT NOT NULL
-) WITHOUT ROWID
-"""
+#: One record a tree root. (The row-a-file table of earlier releases is dropped on open:
+#: it is only a cache.)
+_SCHEMA = "CREATE TABLE IF NOT EXISTS trees (root TEXT PRIMARY KEY, record BLOB NOT NULL) WITHOUT ROWID"
+_OLD_TABLE = "digests"
 
+#: A record: magic, file count, bytes of the NUL-joined paths; then the paths, the four
+#: int64 columns (sizes, mtimes, inodes, ctimes; little-endian) and 16 raw digest bytes a file.
+_HEADER = struct.Struct("<8sQQ")
+_MAGIC = b"dsdc\x001\x00\x00"
 
 #: seconds a digest cache waits for another connection's lock, when opening as when writing
 OPEN_WAIT_S = 30.0
+
+Column = Sequence[int]
 
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
@@ -61,8 +74,135 @@ def _busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in text or "busy" in text
 
 
+def _q(column: Column) -> array[int]:
+    """``column`` as an int64 array (itself when it is one)."""
+    return column if isinstance(column, array) and column.typecode == "q" else array("q", column)
+
+
+def _q_inodes(column: Column) -> array[int]:
+    """Inodes as an int64 array, as the native listing holds them (:func:`signed_inode`)."""
+    return column if isinstance(column, array) and column.typecode == "q" else array("q", map(signed_inode, column))
+
+
+class Snapshot:
+    """What the cache recorded for one tree root when a digest started (empty when nothing,
+    or a record this release cannot read). ``paths`` are relative to the root."""
+
+    def __init__(
+        self,
+        root: str,
+        paths: list[str] | None = None,
+        columns: tuple[array[int], array[int], array[int], array[int]] | None = None,
+        digests: bytes = b"",
+    ) -> None:
+        self.root = root
+        self.paths = paths if paths is not None else []
+        self.sizes, self.mtimes, self.inodes, self.ctimes = columns or (array("q"),) * 4
+        self.digests = digests
+        self._rows: dict[str, tuple[int, int, int, int, str]] | None = None
+        self._where: dict[str, int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __eq__(self, other: object) -> bool:  # a snapshot equals a plain mapping of its rows
+        if isinstance(other, Snapshot):
+            return self.paths == other.paths and self.rows() == other.rows()
+        if isinstance(other, Mapping):
+            return self.rows() == dict(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def hex_digests(self) -> list[str]:
+        hexed = self.digests.hex()
+        return [hexed[o : o + 32] for o in range(0, len(hexed), 32)]
+
+    def rows(self) -> dict[str, tuple[int, int, int, int, str]]:
+        """``path -> (size, mtime_ns, inode, ctime_ns, hex digest)``, made once (the pure loops' lookups)."""
+        if self._rows is None:
+            self._rows = dict(
+                zip(self.paths, zip(self.sizes, self.mtimes, self.inodes, self.ctimes, self.hex_digests()))
+            )
+        return self._rows
+
+    def get(self, path: str) -> tuple[int, int, int, int, str] | None:
+        return self.rows().get(path)
+
+    def lookup(self, paths: Sequence[str], sizes: Column, mtimes: Column, inodes: Column, ctimes: Column) -> list[int]:
+        """For each file of a listing (columns), the index of its unchanged record, or -1.
+        A tree listed as it was recorded is matched column against column, without a loop."""
+        if not self.paths:
+            return [-1] * len(paths)
+        mine = (self.sizes, self.mtimes, self.inodes, self.ctimes)
+        theirs = (_q(sizes), _q(mtimes), _q_inodes(inodes), _q(ctimes))
+        index: Sequence[int]
+        if paths == self.paths:
+            if mine == theirs:
+                return list(range(len(paths)))
+            index = range(len(paths))
+        else:
+            if self._where is None:
+                self._where = {path: i for i, path in enumerate(self.paths)}
+            where = self._where
+            index = [where.get(path, -1) for path in paths]
+        sizes_, mtimes_, inodes_, ctimes_ = mine
+        return [
+            i if i >= 0 and sizes_[i] == s and mtimes_[i] == m and inodes_[i] == n and ctimes_[i] == c else -1
+            for i, s, m, n, c in zip(index, *theirs)
+        ]
+
+    def known(
+        self, paths: Sequence[str], sizes: Column, mtimes: Column, inodes: Column, ctimes: Column
+    ) -> list[str | None]:
+        """:meth:`lookup` as each file's recorded hex digest, or None."""
+        index = self.lookup(paths, sizes, mtimes, inodes, ctimes)
+        if not any(i >= 0 for i in index):
+            return [None] * len(index)
+        hexes = self.hex_digests()
+        return [hexes[i] if i >= 0 else None for i in index]
+
+
+def _encode(paths: Sequence[str], columns: Sequence[array[int]], digests: bytes) -> bytes:
+    names = "\0".join(paths).encode("utf-8", "surrogateescape")
+    parts = [_HEADER.pack(_MAGIC, len(paths), len(names)), names]
+    for column in columns:
+        if sys.byteorder != "little":
+            column = array("q", column)
+            column.byteswap()
+        parts.append(column.tobytes())
+    parts.append(digests)
+    return b"".join(parts)
+
+
+def _decode(root: str, record: bytes) -> Snapshot:
+    """The snapshot a record holds; an empty one for a record that does not add up."""
+    if len(record) < _HEADER.size:
+        return Snapshot(root)
+    magic, count, length = _HEADER.unpack_from(record)
+    at = _HEADER.size + length
+    if magic != _MAGIC or len(record) != at + 48 * count:
+        return Snapshot(root)
+    paths = record[_HEADER.size : at].decode("utf-8", "surrogateescape").split("\0") if count else []
+    if len(paths) != count:
+        return Snapshot(root)
+    columns = []
+    for k in range(4):
+        column = array("q", record[at + 8 * count * k : at + 8 * count * (k + 1)])
+        if sys.byteorder != "little":
+            column.byteswap()
+        columns.append(column)
+    digests = record[at + 32 * count :]
+    return Snapshot(root, paths, (columns[0], columns[1], columns[2], columns[3]), digests)
+
+
+def _key(root: str) -> str:
+    return root.rstrip("/") or "/"
+
+
 class DigestCache:
-    """A SQLite-backed map ``path -> digest`` valid while size, mtime, inode and ctime hold."""
+    """A SQLite-backed map ``tree root -> its files' digests``, each valid while the file's
+    size, mtime, inode and ctime hold."""
 
     def __init__(self, path: str | os.PathLike[str], *, racy_window_ns: int = 2_000_000_000) -> None:
         self.path = Path(path)
@@ -91,7 +231,10 @@ class DigestCache:
                 if str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
                     db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=NORMAL")
-                db.execute(_SCHEMA)
+                tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if "trees" not in tables or _OLD_TABLE in tables:  # each statement commits itself
+                    db.execute(_SCHEMA)
+                    db.execute(f"DROP TABLE IF EXISTS {_OLD_TABLE}")
                 return db
             except sqlite3.OperationalError as exc:
                 db.close()
@@ -111,26 +254,22 @@ class DigestCache:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def snapshot(self, prefix: str) -> dict[str, tuple[int, int, int, int, str]]:
-        """Every recorded file under ``prefix`` (one range query): ``path -> (size, mtime, inode, ctime, digest)``."""
+    def snapshot(self, root: str) -> Snapshot:
+        """What is recorded for the tree at ``root`` (one read); files modified from now on
+        (less the racy window) will not be recorded."""
         self._started_ns = time.time_ns()
         try:
-            rows = self._db.execute(
-                "SELECT path, size, mtime_ns, inode, ctime_ns, digest FROM digests WHERE path >= ? AND path < ?",
-                (prefix, prefix + "\U0010ffff"),
-            ).fetchall()
+            row = self._db.execute("SELECT record FROM trees WHERE root = ?", (_key(root),)).fetchone()
         except sqlite3.Error as exc:
             raise SourceUnavailable(
                 f"digest cache {self.path} is unreadable: {exc}", hint="delete it; it is only a cache"
             ) from exc
-        return {
-            path: (size, mtime_ns, inode, ctime_ns, digest) for path, size, mtime_ns, inode, ctime_ns, digest in rows
-        }
+        return _decode(root, bytes(row[0])) if row is not None else Snapshot(root)
 
-    def match(self, snapshot: dict[str, tuple[int, int, int, int, str]], item: _Found) -> str | None:
+    def match(self, snapshot: Snapshot, item: _Found) -> str | None:
         """The recorded digest of ``item`` if its size, mtime, inode and ctime are unchanged."""
-        row = snapshot.get(item.location)
-        if row is not None and row[:4] == (item.size, item.mtime_ns, item.inode, item.ctime_ns):
+        row = snapshot.get(item.path)
+        if row is not None and row[:4] == (item.size, item.mtime_ns, signed_inode(item.inode), item.ctime_ns):
             return row[4]
         return None
 
@@ -139,18 +278,48 @@ class DigestCache:
         self.hits += hits
         self.misses += misses
 
-    def store(self, digested: Iterable[tuple[_Found, str]]) -> None:
-        """Record fresh digests, except for files too recently modified to trust (racy)."""
+    def store(
+        self, snapshot: Snapshot, paths: Sequence[str], sizes: Column, mtimes: Column, inodes: Column,
+        ctimes: Column, digests: bytes,
+    ) -> None:  # fmt: skip
+        """Record the tree of ``snapshot`` as just digested (every file, 16 raw digest bytes
+        each), less its racy files; nothing is written when that is what was recorded."""
+        columns = [_q(sizes), _q(mtimes), _q_inodes(inodes), _q(ctimes)]
         limit = self._started_ns - self.racy_window_ns
-        rows = [
-            (item.location, item.size, item.mtime_ns, item.inode, item.ctime_ns, digest)
-            for item, digest in digested
-            if item.mtime_ns < limit and item.ctime_ns < limit
-        ]
+        racy = [i for i, (m, c) in enumerate(zip(columns[1], columns[3])) if m >= limit or c >= limit]
+        if racy:
+            keep = sorted(set(range(len(paths))) - set(racy))
+            paths = [paths[i] for i in keep]
+            columns = [array("q", [column[i] for i in keep]) for column in columns]
+            digests = b"".join(digests[16 * i : 16 * i + 16] for i in keep)
+        if (
+            paths == snapshot.paths and digests == snapshot.digests
+            and columns == [snapshot.sizes, snapshot.mtimes, snapshot.inodes, snapshot.ctimes]
+        ):  # fmt: skip
+            return
+        record = _encode(paths, columns, digests)
         try:
             with self._db:
-                self._db.executemany("INSERT OR REPLACE INTO digests VALUES (?, ?, ?, ?, ?, ?)", rows)
+                self._db.execute("INSERT OR REPLACE INTO trees VALUES (?, ?)", (_key(snapshot.root), record))
         except sqlite3.Error as exc:
             raise SourceUnavailable(
                 f"cannot write the digest cache {self.path}: {exc}", hint="delete it; it is only a cache"
             ) from exc
+
+    def store_found(
+        self, snapshot: Snapshot, paths: Sequence[str], sizes: Column, mtimes: Column, digests: bytes,
+        fresh: Sequence[_Found],
+    ) -> None:  # fmt: skip
+        """:meth:`store` for the pure loops, which stat only the files they hash (``fresh``):
+        the others were answered by ``snapshot``, whose inodes and ctimes they keep."""
+        numbers = {item.path: (signed_inode(item.inode), item.ctime_ns) for item in fresh}
+        rows = snapshot.rows() if len(numbers) < len(paths) else {}
+        inodes, ctimes = array("q"), array("q")
+        for path in paths:
+            number = numbers.get(path)
+            if number is None:
+                row = rows[path]
+                number = (row[2], row[3])
+            inodes.append(number[0])
+            ctimes.append(number[1])
+        self.store(snapshot, paths, sizes, mtimes, inodes, ctimes, digests)

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import os
 import threading
+from array import array
 from collections.abc import Iterable, Sequence
 from itertools import chain
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dsagent.format import native as native_loops
 from dsagent.format.digestpool import (
@@ -33,7 +34,15 @@ from dsagent.format.digestpool import (
     peek,
 )
 from dsagent.format.hashing import ReadBuffer, changed_error, hash_fd, hash_file, hash_stream, read_buffer
-from dsagent.format.manifest import EntryTable, EntryTableBuilder, FileEntry, Manifest, Progress, check_dataset_name
+from dsagent.format.manifest import (
+    EntryTable,
+    EntryTableBuilder,
+    FileEntry,
+    Manifest,
+    Progress,
+    check_dataset_name,
+    expect_total,
+)
 from dsagent.format.oneversion import open_one_version
 from dsagent.format.storage import resolve_local_first, translate_errors
 from dsagent.format.storageconfig import Options
@@ -44,6 +53,7 @@ from dsagent.format.walk import (
     LocalWalk,
     is_local,
     list_files,
+    list_local,
     mtime_ns,
     stated,
     walk_source,
@@ -55,7 +65,7 @@ if TYPE_CHECKING:
 
     from fsspec.spec import AbstractFileSystem
 
-    from dsagent.format.digestcache import DigestCache
+    from dsagent.format.digestcache import DigestCache, Snapshot
 
 #: Digest threads for remote sources, where each file costs a round trip.
 REMOTE_WORKERS = 16
@@ -77,7 +87,7 @@ class _Hasher:
     """
 
     def __init__(
-        self, fs: AbstractFileSystem, progress: Progress | None, cache: DigestCache | None, snapshot: dict[str, Any]
+        self, fs: AbstractFileSystem, progress: Progress | None, cache: DigestCache | None, snapshot: Snapshot | None
     ) -> None:
         self._fs = fs
         self._local = is_local(fs)
@@ -106,7 +116,7 @@ class _Hasher:
         if buffer is None:
             with open_one_version(self._fs, item.location, size=item.size if item.size >= 0 else None) as stream:
                 digest, size = hash_stream(stream)
-        elif self._cache is not None:
+        elif self._cache is not None and self._snapshot is not None:
             if item.inode == UNSTATED:  # a path stat: a cache hit must not open the file
                 item = stated(item, os.stat(item.location))
             known = self._cache.match(self._snapshot, item)
@@ -192,16 +202,19 @@ def digest_files(
     forked process per core (``workers`` at most; see :class:`ProcessPool`).
     """
     cache = digest_cache if is_local(fs) else None
-    snapshot = cache.snapshot(root) if cache is not None else {}
+    snapshot = cache.snapshot(root) if cache is not None else None
     # local reads are CPU-bound (one worker per core); remote ones wait on round trips
     count = workers or (default_workers() if is_local(fs) else REMOTE_WORKERS)
     cpus = cores.usable()
-    if isinstance(found, LocalWalk) and native_loops.chosen(native) and cache is None:
-        return _tree_digest(found.groups, min(workers or cpus, cpus), progress)
+    if isinstance(found, LocalWalk) and native_loops.chosen(native):
+        if cache is None:
+            return _tree_digest(found.groups, min(workers or cpus, cpus), progress)
+        assert snapshot is not None
+        return _cached_tree_digest(found, cache, snapshot, min(workers or cpus, cpus), progress)
     if isinstance(found, LocalWalk) and min(workers or cpus, cpus) > 1 and can_fork():
         head, rest = peek(found.groups, PROCESS_MIN_FILES)
         if rest is not None:  # the pure loop on processes: its threads hold the GIL a file
-            pool = ProcessPool(min(workers or cpus, cpus), snapshot if cache is not None else None)
+            pool = ProcessPool(min(workers or cpus, cpus), snapshot)
             return pool.digest(chain(head, rest), cache, progress)
         found = LocalWalk(iter(head))
     hasher = _Hasher(fs, progress, cache, snapshot)
@@ -214,9 +227,18 @@ def digest_files(
         raise
     results = batches.results()
     if cache is not None:
-        fresh = [(item, entry.digest) for entry, item in results if item is not None]
+        assert snapshot is not None
+        fresh = [item for _, item in results if item is not None]
         cache.record(hits=len(results) - len(fresh), misses=len(fresh))
-        cache.store(fresh)
+        entries = [entry for entry, _ in results]
+        cache.store_found(
+            snapshot,
+            [e.path for e in entries],
+            [e.size for e in entries],
+            [e.mtime_ns for e in entries],
+            bytes.fromhex("".join(e.digest for e in entries)),
+            fresh,
+        )
     return [entry for entry, _ in results]
 
 
@@ -289,6 +311,65 @@ def _tree_digest(groups: Iterable[Dir], threads: int, progress: Progress | None)
     finally:
         if running is not None:
             running.join()  # a failed walk or call: the call ends by itself, its columns unread
+    return table.build()
+
+
+def _cached_tree_digest(
+    found: LocalWalk, cache: DigestCache, snapshot: Snapshot, threads: int, progress: Progress | None
+) -> EntryTable:
+    """A local tree digested by the native extension with the digest cache: listed and
+    stat'ed on every core (:func:`~dsagent.format.walk.list_local`), matched against the
+    cache's record of the tree column against column, and only the files that miss read,
+    :data:`TREE_BATCH` a :func:`~dsagent.format.native.hash_tree` call on ``threads``
+    threads; then the tree's record written (when it changed)."""
+    listing = list_local(found.root, found.empty, found.confine).in_path_order()
+    paths, sizes, mtimes = listing.paths, listing.sizes, listing.mtimes
+    expect_total(progress, sum(sizes), len(paths))
+    index = snapshot.lookup(paths, sizes, mtimes, listing.inodes, listing.ctimes)
+    digests = bytearray(16 * len(paths))
+    read_sizes, read_mtimes = list(sizes), list(mtimes)
+    recorded = snapshot.digests
+    misses: list[int] = []
+    for k, i in enumerate(index):
+        if i < 0:
+            misses.append(k)
+        else:
+            digests[16 * k : 16 * k + 16] = recorded[16 * i : 16 * i + 16]
+    if progress is not None and len(misses) < len(paths):
+        hit_bytes = sum(sizes) - sum(sizes[k] for k in misses)
+        progress(hit_bytes, len(paths) - len(misses))
+    moved: list[int] = []
+    for start in range(0, len(misses), TREE_BATCH):
+        batch = misses[start : start + TREE_BATCH]
+        groups: list[Dir] = []
+        for k in batch:
+            rel, _, name = paths[k].rpartition("/")
+            if groups and groups[-1].rel == rel:
+                groups[-1].names.append(name)
+            else:
+                groups.append(Dir(rel, f"{found.root.rstrip('/')}/{rel}" if rel else found.root, [name]))
+        packed_sizes, packed_mtimes, packed_digests = native_loops.hash_tree(groups, threads=threads)
+        got_sizes, got_mtimes = array("q", packed_sizes), array("q", packed_mtimes)
+        for j, k in enumerate(batch):
+            digests[16 * k : 16 * k + 16] = packed_digests[16 * j : 16 * j + 16]
+            if (got_sizes[j], got_mtimes[j]) != (sizes[k], mtimes[k]):  # changed since listed: read as it is now
+                read_sizes[k], read_mtimes[k] = got_sizes[j], got_mtimes[j]
+                moved.append(k)
+        if progress is not None:
+            progress(sum(got_sizes), len(batch))
+    raw = bytes(digests)
+    cache.record(hits=len(paths) - len(misses), misses=len(misses))
+    inodes, ctimes = listing.inodes, listing.ctimes
+    if moved:  # a file that changed between its stat and its read is not recorded
+        keep = sorted(set(range(len(paths))) - set(moved))
+        cache.store(
+            snapshot, [paths[k] for k in keep], [sizes[k] for k in keep], [mtimes[k] for k in keep],
+            [inodes[k] for k in keep], [ctimes[k] for k in keep], b"".join(raw[16 * k : 16 * k + 16] for k in keep),
+        )  # fmt: skip
+    else:
+        cache.store(snapshot, paths, sizes, mtimes, inodes, ctimes, raw)
+    table = EntryTableBuilder()
+    table.add_raw(paths, read_sizes, read_mtimes, raw)
     return table.build()
 
 

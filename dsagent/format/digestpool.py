@@ -27,13 +27,13 @@ from dsagent.errors import SourceUnavailable
 from dsagent.format.hashing import ReadBuffer, changed_error, hash_fd, read_buffer
 from dsagent.format.manifest import EntryTable, EntryTableBuilder, Progress
 from dsagent.format.storage import translate_errors
-from dsagent.format.walk import Dir, Found
+from dsagent.format.walk import Dir, Found, signed_inode
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
     from multiprocessing.process import BaseProcess
 
-    from dsagent.format.digestcache import DigestCache
+    from dsagent.format.digestcache import DigestCache, Snapshot
 
 
 O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
@@ -89,7 +89,7 @@ class _Reply(NamedTuple):
     sizes: list[int]
     mtimes: list[int]
     digests: list[str]
-    fresh: list[tuple[Found, str]]  # files hashed (not answered by the cache), only when a cache is used
+    fresh: list[Found]  # files hashed (not answered by the cache), only when a cache is used
     error: tuple[str, str, int, int] | tuple[str, str, int, str] | None = None
 
 
@@ -164,8 +164,8 @@ def _hash_one(
     if snapshot is not None:
         location = os.path.join(directory, name)
         st = os.stat(name, dir_fd=dfd)  # a path stat: a cache hit must not open the file
-        row = snapshot.get(location)
-        if row is not None and row[:4] == (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns):
+        row = snapshot.get(path)
+        if row is not None and row[:4] == (st.st_size, st.st_mtime_ns, signed_inode(st.st_ino), st.st_ctime_ns):
             reply.paths.append(path)
             reply.sizes.append(st.st_size)
             reply.mtimes.append(st.st_mtime_ns)
@@ -185,7 +185,7 @@ def _hash_one(
     reply.mtimes.append(st.st_mtime_ns)
     reply.digests.append(digest)
     if snapshot is not None:
-        reply.fresh.append((Found(path, location, size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns), digest))
+        reply.fresh.append(Found(path, location, size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
     return None
 
 
@@ -232,9 +232,10 @@ class ProcessPool:
     #: requests in flight per process: one being hashed, one waiting in its pipe
     DEPTH = 2
 
-    def __init__(self, processes: int, snapshot: _Snapshot | None) -> None:
+    def __init__(self, processes: int, snapshot: Snapshot | None) -> None:
         self._processes = processes
-        self._snapshot = snapshot
+        self._cached = snapshot
+        self._snapshot = snapshot.rows() if snapshot is not None else None  # made before the fork
 
     def digest(self, groups: Iterable[Dir], cache: DigestCache | None, progress: Progress | None) -> EntryTable:
         import multiprocessing  # here: `dsctl digest` of a few files forks nothing
@@ -260,13 +261,14 @@ class ProcessPool:
         finally:
             _stop(workers, kill=not done)
         if cache is not None:
+            assert self._cached is not None
             cache.record(hits=len(entries) - len(fresh), misses=len(fresh))
-            cache.store(fresh)
+            cache.store_found(self._cached, entries.paths, entries.sizes, entries.mtimes, entries.digests, fresh)
         return entries
 
     def _run(
         self, conns: list[Connection], groups: Iterable[Dir], progress: Progress | None
-    ) -> tuple[EntryTable, list[tuple[Found, str]]]:
+    ) -> tuple[EntryTable, list[Found]]:
         """Walk and dispatch; replies join the table in request order as they come (while
         the workers still hash)."""
         from multiprocessing.connection import Connection, wait
@@ -274,7 +276,7 @@ class ProcessPool:
         pending: dict[Connection, deque[int]] = {conn: deque() for conn in conns}  # request numbers, FIFO
         early: dict[int, _Reply] = {}  # replies that overtook an earlier request's
         table = EntryTableBuilder()
-        fresh: list[tuple[Found, str]] = []
+        fresh: list[Found] = []
         joined = 0  # requests whose columns are in the table
 
         def receive(ready: Iterable[object]) -> None:

@@ -118,6 +118,13 @@ def is_local(fs: AbstractFileSystem) -> bool:
 #: inode of a local file the walk listed but did not stat yet
 UNSTATED = -1
 
+
+def signed_inode(inode: int) -> int:
+    """An inode as the native listing holds it, an int64: one past 2**63 wraps (64-bit NFS
+    file ids, overlayfs)."""
+    return inode - (1 << 64) if inode >= 1 << 63 else inode
+
+
 #: Directories the native listing reads at once, at most (one a core).
 LIST_THREADS = 8
 #: Batches a listing thread takes of each level of the tree (more balance the threads'

@@ -429,9 +429,11 @@ def pack_dataset(
     expect_total(progress, upto[-1], len(listed))
     directories = sorted(set(empty))
     check_layout(paths, directories)  # before any bundle is written
-    snapshot = digest_cache.snapshot(src_root) if digest_cache is not None else {}
+    snapshot = digest_cache.snapshot(src_root) if digest_cache is not None else None
     known: list[str | None] = (
-        [digest_cache.match(snapshot, f) for f in files] if digest_cache is not None else [None] * len(files)
+        snapshot.known(paths, sizes_listed, mtimes, files.inodes, files.ctimes)
+        if snapshot is not None
+        else [None] * len(files)
     )
     plan = plan_bundles(listed, opts.max_files, opts.max_bytes, upto)
     dst_fs, dst_root = resolve_local_first(store, store_options)
@@ -501,9 +503,10 @@ def pack_dataset(
     kept = {digests[i] for i in range(len(plan)) if i not in set(written)}
     packed = _keep_reused(packed, kept, src_fs, src_root, dst_fs, dst_root, store, level, store_options)  # type: ignore[arg-type]
     if digest_cache is not None:
-        fresh = [pair for i in todo for pair in zip(files[_span(plan[i])], entries[_span(plan[i])].hex_digests())]
-        digest_cache.record(hits=len(files) - len(fresh), misses=len(fresh))
-        digest_cache.store(fresh)
+        assert snapshot is not None
+        hashed = sum(plan[i][1] for i in todo)
+        digest_cache.record(hits=len(files) - hashed, misses=hashed)
+        digest_cache.store(snapshot, paths, sizes_listed, mtimes, files.inodes, files.ctimes, entries.digests)
     return packed, len(plan) - len(written)
 
 

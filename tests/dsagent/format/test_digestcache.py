@@ -1,42 +1,45 @@
-"""The digest cache: an unchanged tree is re-digested with a walk and a stat per file, no opens."""
+"""The digest cache: an unchanged tree is re-digested with a walk and a stat per file, no opens,
+by the native loops as by the pure ones (threads, and the forked processes of a big tree)."""
 
 from __future__ import annotations
 
 import os
 import sqlite3
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dsagent.errors import SourceUnavailable
-from dsagent.format import digestcache
+from dsagent.format import digestcache, digester, native
 from dsagent.format.digestcache import DigestCache
 from dsagent.format.digester import build_manifest
+from dsagent.format.manifest import Manifest
 from tests.dsagent.conftest import write_tree
+from tests.opens import OpenWatch
 
-_opened: list[str] | None = None
-
-
-def _audit(event: str, args: tuple[object, ...]) -> None:
-    # Python raises an "open" audit event for os.open and open(): a real count of opens.
-    if _opened is not None and event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
-        _opened.append(os.fsdecode(args[0]))  # type: ignore[arg-type]
-
-
-sys.addaudithook(_audit)
+#: the loops that hash what the cache does not answer: the native tree digest, the pure loop
+#: on threads, and the pure loop on forked processes (a tree past PROCESS_MIN_FILES files)
+LOOPS = [
+    pytest.param("native", marks=pytest.mark.skipif(not native.AVAILABLE, reason="the native loops are not built")),
+    "threads",
+    "processes",
+]
 
 
-@pytest.fixture
-def opens() -> Iterator[list[str]]:
-    global _opened
-    _opened = []
-    try:
-        yield _opened
-    finally:
-        _opened = None
+@pytest.fixture(params=LOOPS)
+def digest(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Manifest]:
+    loop = request.param
+    if loop == "processes":
+        monkeypatch.setattr(digester, "PROCESS_MIN_FILES", 8)  # the tests' trees are small
+    else:
+        monkeypatch.setattr(digester, "PROCESS_MIN_FILES", 1 << 30)
+
+    def run(tree: Path, cache: DigestCache | None) -> Manifest:
+        return build_manifest(tree, name="d", digest_cache=cache, native=loop == "native")
+
+    return run
 
 
 @pytest.fixture
@@ -44,25 +47,26 @@ def tree(tmp_path: Path) -> Path:
     return write_tree(tmp_path / "src", {f"c{i % 3}/{i}.jpg": os.urandom(100 + i) for i in range(30)})
 
 
-def _files_opened(opened: list[str], root: Path) -> set[str]:
-    return {os.path.relpath(p, root) for p in opened if p.startswith(str(root)) and os.path.isfile(p)}
-
-
-def test_an_unchanged_tree_is_redigested_without_opening_a_file(tree: Path, tmp_path: Path, opens: list[str]) -> None:
+def test_an_unchanged_tree_is_redigested_without_opening_a_file(
+    tree: Path, tmp_path: Path, digest: Callable[..., Manifest]
+) -> None:
     with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache:
-        first = build_manifest(tree, name="d", digest_cache=cache)
-        assert len(_files_opened(opens, tree)) == 30
-        opens.clear()
-        second = build_manifest(tree, name="d", digest_cache=cache)
-        assert _files_opened(opens, tree) == set()
+        with OpenWatch(tree) as first_reads:
+            first = digest(tree, cache)
+        assert len(first_reads.opened) == 30
+        with OpenWatch(tree) as second_reads:
+            second = digest(tree, cache)
+        assert second_reads.opened == set()
         assert (cache.hits, cache.misses) == (30, 30)
-    assert second == first
+    assert second == first == build_manifest(tree, name="d")
 
 
 @pytest.mark.parametrize("change", ["rewrite-same-size-restore-mtime", "replace-by-rename", "touch"])
-def test_any_change_to_a_file_makes_it_read_again(change: str, tree: Path, tmp_path: Path, opens: list[str]) -> None:
+def test_any_change_to_a_file_makes_it_read_again(
+    change: str, tree: Path, tmp_path: Path, digest: Callable[..., Manifest]
+) -> None:
     with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache:
-        build_manifest(tree, name="d", digest_cache=cache)
+        digest(tree, cache)
         target = tree / "c1" / "4.jpg"
         st = target.stat()
         if change == "rewrite-same-size-restore-mtime":
@@ -74,28 +78,87 @@ def test_any_change_to_a_file_makes_it_read_again(change: str, tree: Path, tmp_p
             os.replace(tree / "tmp", target)
         else:
             os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
-        opens.clear()
-        manifest = build_manifest(tree, name="d", digest_cache=cache)
-    assert _files_opened(opens, tree) == {"c1/4.jpg"}
-    assert manifest == build_manifest(tree, name="d")
+        with OpenWatch(tree) as reads:
+            manifest = digest(tree, cache)
+    assert reads.opened == {"c1/4.jpg"}
+    assert manifest == build_manifest(tree, name="d", native=False)
 
 
-def test_files_modified_just_before_hashing_are_not_cached(tree: Path, tmp_path: Path, opens: list[str]) -> None:
+def test_added_and_removed_files_are_read_and_forgotten(
+    tree: Path, tmp_path: Path, digest: Callable[..., Manifest]
+) -> None:
+    """A tree listed other than it was recorded is matched file by file: a new file is read,
+    the others are not, and a removed one leaves the record."""
+    with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache:
+        digest(tree, cache)
+        (tree / "c0" / "0.jpg").unlink()
+        (tree / "c2" / "new.jpg").write_bytes(b"new")
+        with OpenWatch(tree) as reads:
+            manifest = digest(tree, cache)
+        assert reads.opened == {"c2/new.jpg"}
+        assert manifest == build_manifest(tree, name="d", native=False)
+        recorded = cache.snapshot(str(tree))
+    assert "c0/0.jpg" not in recorded.paths and "c2/new.jpg" in recorded.paths and len(recorded) == 30
+
+
+def test_files_modified_just_before_hashing_are_not_cached(
+    tree: Path, tmp_path: Path, digest: Callable[..., Manifest]
+) -> None:
     with DigestCache(tmp_path / "cache.sqlite") as cache:  # default racy window: 2 s
-        build_manifest(tree, name="d", digest_cache=cache)
-        opens.clear()
-        build_manifest(tree, name="d", digest_cache=cache)
-    assert len(_files_opened(opens, tree)) == 30
+        digest(tree, cache)
+        with OpenWatch(tree) as reads:
+            digest(tree, cache)
+    assert len(reads.opened) == 30
 
 
-def test_the_cache_survives_reopening(tree: Path, tmp_path: Path, opens: list[str]) -> None:
+def test_the_cache_survives_reopening(tree: Path, tmp_path: Path, digest: Callable[..., Manifest]) -> None:
     with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache:
-        build_manifest(tree, name="d", digest_cache=cache)
-    opens.clear()
-    with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache:
-        build_manifest(tree, name="d", digest_cache=cache)
+        digest(tree, cache)
+    with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache, OpenWatch(tree) as reads:
+        digest(tree, cache)
         assert cache.hits == 30
-    assert _files_opened(opens, tree) == set()
+    assert reads.opened == set()
+
+
+def test_a_record_that_does_not_add_up_is_a_miss_not_an_error(tree: Path, tmp_path: Path) -> None:
+    """The cache is only a cache: a record cut short (or of another format) reads the tree again."""
+    with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache:
+        first = build_manifest(tree, name="d", digest_cache=cache)
+    db = sqlite3.connect(tmp_path / "cache.sqlite")
+    with db:
+        db.execute("UPDATE trees SET record = substr(record, 1, 100)")
+    db.close()
+    with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache, OpenWatch(tree) as reads:
+        assert build_manifest(tree, name="d", digest_cache=cache) == first
+        assert cache.misses == 30
+    assert len(reads.opened) == 30
+
+
+def test_a_cache_of_the_row_a_file_format_is_replaced(tmp_path: Path, tree: Path) -> None:
+    db = sqlite3.connect(tmp_path / "cache.sqlite")
+    db.execute("CREATE TABLE digests (path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, inode INTEGER,"
+               " ctime_ns INTEGER, digest TEXT) WITHOUT ROWID")  # fmt: skip
+    db.close()
+    with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache:
+        build_manifest(tree, name="d", digest_cache=cache)
+        assert len(cache.snapshot(str(tree))) == 30
+    db = sqlite3.connect(tmp_path / "cache.sqlite")
+    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    db.close()
+    assert tables == {"trees"}
+
+
+def test_inodes_past_two_to_the_63_match(tmp_path: Path) -> None:
+    """A 64-bit inode (NFS file ids, overlayfs) is held as the native listing holds it."""
+    with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache:
+        snapshot = cache.snapshot("/data")
+        big = (1 << 64) - 5
+        cache.store(snapshot, ["a"], [3], [10], [big], [11], b"\x01" * 16)
+        again = cache.snapshot("/data/")  # the same tree, however its root is spelt
+        item: Any = type("F", (), {"path": "a", "size": 3, "mtime_ns": 10, "inode": big, "ctime_ns": 11})()
+        assert cache.match(again, item) == "01" * 16
+        assert again.lookup(["a"], [3], [10], [big], [11]) == [0]
+        assert again.lookup(["a"], [3], [10], [big - 1], [11]) == [-1]
 
 
 def test_a_cache_another_opener_holds_locked_at_once_is_opened_again(
@@ -122,7 +185,7 @@ def test_a_cache_another_opener_holds_locked_at_once_is_opened_again(
 
     monkeypatch.setattr(digestcache.sqlite3, "connect", lambda *a, **kw: Refusing(real(*a, **kw)))
     with DigestCache(tmp_path / "digests.db") as cache:
-        assert cache.snapshot("/") == {}
+        assert len(cache.snapshot("/")) == 0
     assert refusals["left"] == 0  # refused twice, opened the third time
 
     def broken(*a: object, **kw: object) -> Any:
@@ -131,3 +194,18 @@ def test_a_cache_another_opener_holds_locked_at_once_is_opened_again(
     monkeypatch.setattr(digestcache.sqlite3, "connect", broken)
     with pytest.raises(SourceUnavailable, match="file is not a database"):
         DigestCache(tmp_path / "other.db")
+
+
+def test_a_packed_tree_is_digested_from_the_record_the_pack_left(tree: Path, tmp_path: Path) -> None:
+    """``dsctl pack`` and ``dsctl digest`` of one tree share its record: either answers the other."""
+    from dsagent.format.bundles.bundle import pack_dataset
+
+    with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache:
+        packed, _ = pack_dataset(tree, tmp_path / "store", name="d", digest_cache=cache)
+        with OpenWatch(tree) as reads:
+            digested = build_manifest(tree, name="d", digest_cache=cache)
+        assert reads.opened == set()
+        assert digested.digest == packed.digest
+        with OpenWatch(tree) as reads:
+            again, reused = pack_dataset(tree, tmp_path / "store", name="d", digest_cache=cache)
+        assert reads.opened == set() and reused == len(again.bundles) == 1
