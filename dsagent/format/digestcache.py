@@ -286,7 +286,11 @@ class DigestCache:
         each), less its racy files; nothing is written when that is what was recorded."""
         columns = [_q(sizes), _q(mtimes), _q_inodes(inodes), _q(ctimes)]
         limit = self._started_ns - self.racy_window_ns
-        racy = [i for i, (m, c) in enumerate(zip(columns[1], columns[3])) if m >= limit or c >= limit]
+        racy = (
+            [i for i, (m, c) in enumerate(zip(columns[1], columns[3])) if m >= limit or c >= limit]
+            if paths and max(max(columns[1]), max(columns[3])) >= limit
+            else []
+        )
         if racy:
             keep = sorted(set(range(len(paths))) - set(racy))
             paths = [paths[i] for i in keep]

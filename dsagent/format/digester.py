@@ -323,43 +323,51 @@ def _cached_tree_digest(
     :data:`TREE_BATCH` a :func:`~dsagent.format.native.hash_tree` call on ``threads``
     threads; then the tree's record written (when it changed)."""
     listing = list_local(found.root, found.empty, found.confine).in_path_order()
-    paths, sizes, mtimes = listing.paths, listing.sizes, listing.mtimes
+    paths, sizes, mtimes, inodes, ctimes = listing.paths, listing.sizes, listing.mtimes, listing.inodes, listing.ctimes
     expect_total(progress, sum(sizes), len(paths))
-    index = snapshot.lookup(paths, sizes, mtimes, listing.inodes, listing.ctimes)
-    digests = bytearray(16 * len(paths))
+    index = snapshot.lookup(paths, sizes, mtimes, inodes, ctimes)
+    misses = [k for k, i in enumerate(index) if i < 0]
+    if not misses:  # the tree as recorded: the record's digests, as they are
+        cache.record(hits=len(paths), misses=0)
+        if progress is not None:
+            progress(sum(sizes), len(paths))
+        table = EntryTableBuilder()
+        table.add_raw(paths, sizes, mtimes, snapshot.digests)
+        return table.build()
+    whole = len(misses) == len(paths)  # nothing recorded: the digests come in listing order
+    digests = bytearray() if whole else bytearray(16 * len(paths))
+    if not whole:
+        recorded = snapshot.digests
+        for k, i in enumerate(index):
+            if i >= 0:
+                digests[16 * k : 16 * k + 16] = recorded[16 * i : 16 * i + 16]
+        if progress is not None:
+            progress(sum(sizes) - sum(sizes[k] for k in misses), len(paths) - len(misses))
     read_sizes, read_mtimes = list(sizes), list(mtimes)
-    recorded = snapshot.digests
-    misses: list[int] = []
-    for k, i in enumerate(index):
-        if i < 0:
-            misses.append(k)
-        else:
-            digests[16 * k : 16 * k + 16] = recorded[16 * i : 16 * i + 16]
-    if progress is not None and len(misses) < len(paths):
-        hit_bytes = sum(sizes) - sum(sizes[k] for k in misses)
-        progress(hit_bytes, len(paths) - len(misses))
     moved: list[int] = []
+    # one group from the root, each name the file's relative path (opened below the root's
+    # descriptor): no per-file split into directories
     for start in range(0, len(misses), TREE_BATCH):
         batch = misses[start : start + TREE_BATCH]
-        groups: list[Dir] = []
-        for k in batch:
-            rel, _, name = paths[k].rpartition("/")
-            if groups and groups[-1].rel == rel:
-                groups[-1].names.append(name)
-            else:
-                groups.append(Dir(rel, f"{found.root.rstrip('/')}/{rel}" if rel else found.root, [name]))
-        packed_sizes, packed_mtimes, packed_digests = native_loops.hash_tree(groups, threads=threads)
+        names = paths[start : start + len(batch)] if whole else [paths[k] for k in batch]
+        packed_sizes, packed_mtimes, packed_digests = native_loops.hash_tree(
+            [Dir("", found.root, names)], threads=threads
+        )
         got_sizes, got_mtimes = array("q", packed_sizes), array("q", packed_mtimes)
-        for j, k in enumerate(batch):
-            digests[16 * k : 16 * k + 16] = packed_digests[16 * j : 16 * j + 16]
-            if (got_sizes[j], got_mtimes[j]) != (sizes[k], mtimes[k]):  # changed since listed: read as it is now
-                read_sizes[k], read_mtimes[k] = got_sizes[j], got_mtimes[j]
-                moved.append(k)
+        if whole:
+            digests += packed_digests
+        else:
+            for j, k in enumerate(batch):
+                digests[16 * k : 16 * k + 16] = packed_digests[16 * j : 16 * j + 16]
+        if got_sizes.tolist() != [sizes[k] for k in batch] or got_mtimes.tolist() != [mtimes[k] for k in batch]:
+            for j, k in enumerate(batch):  # changed since listed: taken as read
+                if (got_sizes[j], got_mtimes[j]) != (sizes[k], mtimes[k]):
+                    read_sizes[k], read_mtimes[k] = got_sizes[j], got_mtimes[j]
+                    moved.append(k)
         if progress is not None:
             progress(sum(got_sizes), len(batch))
     raw = bytes(digests)
     cache.record(hits=len(paths) - len(misses), misses=len(misses))
-    inodes, ctimes = listing.inodes, listing.ctimes
     if moved:  # a file that changed between its stat and its read is not recorded
         keep = sorted(set(range(len(paths))) - set(moved))
         cache.store(

@@ -209,3 +209,24 @@ def test_a_packed_tree_is_digested_from_the_record_the_pack_left(tree: Path, tmp
         with OpenWatch(tree) as reads:
             again, reused = pack_dataset(tree, tmp_path / "store", name="d", digest_cache=cache)
         assert reads.opened == set() and reused == len(again.bundles) == 1
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="the native loops are not built")
+def test_a_file_changed_between_its_stat_and_its_read_is_taken_as_read_and_not_recorded(
+    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    listed = digester.list_local
+    target = tree / "c2" / "5.jpg"
+
+    def list_then_change(*args: Any) -> Any:
+        listing = listed(*args)
+        target.write_bytes(target.read_bytes() + b"grown after the listing")
+        return listing
+
+    monkeypatch.setattr(digester, "list_local", list_then_change)
+    with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache:
+        manifest = build_manifest(tree, name="d", digest_cache=cache, native=True)
+        recorded = cache.snapshot(str(tree))
+    monkeypatch.undo()
+    assert manifest == build_manifest(tree, name="d", native=False)  # its size and digest as read
+    assert "c2/5.jpg" not in recorded.paths and len(recorded) == 29
