@@ -31,7 +31,7 @@ import time
 from array import array
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from dsagent.errors import SourceUnavailable
 from dsagent.format.walk import signed_inode
@@ -52,10 +52,18 @@ class _Found(Protocol):
     def ctime_ns(self) -> int: ...
 
 
-#: One record a tree root. (The row-a-file table of earlier releases is dropped on open:
-#: it is only a cache.)
-_SCHEMA = "CREATE TABLE IF NOT EXISTS trees (root TEXT PRIMARY KEY, record BLOB NOT NULL) WITHOUT ROWID"
-_OLD_TABLE = "digests"
+#: One record a tree root, in parts of at most :data:`PART_FILES` files. A file of another
+#: format (``PRAGMA user_version``; the row-a-file table of earlier releases has 0) is
+#: emptied on open: it is only a cache.
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS trees (root TEXT NOT NULL, part INTEGER NOT NULL, record BLOB NOT NULL,"
+    " PRIMARY KEY (root, part)) WITHOUT ROWID"
+)
+#: Files a part of a record holds: about 80 MB, well under SQLite's 1 GB limit on a value
+#: (a tree of 14 million files, ImageNet-21k's size, is 14 parts).
+PART_FILES = 1 << 20
+_FORMAT = 2
+_OLD_TABLES = ("digests", "trees")
 
 #: A record: magic, file count, bytes of the NUL-joined paths; then the paths, the four
 #: int64 columns (sizes, mtimes, inodes, ctimes; little-endian) and 16 raw digest bytes a file.
@@ -175,25 +183,48 @@ def _encode(paths: Sequence[str], columns: Sequence[array[int]], digests: bytes)
     return b"".join(parts)
 
 
-def _decode(root: str, record: bytes) -> Snapshot:
-    """The snapshot a record holds; an empty one for a record that does not add up."""
+if TYPE_CHECKING:
+    Columns = tuple[array[int], array[int], array[int], array[int]]
+
+
+def _decode(record: bytes) -> tuple[list[str], Columns, bytes] | None:
+    """The files a part of a record holds; None for one that does not add up."""
     if len(record) < _HEADER.size:
-        return Snapshot(root)
+        return None
     magic, count, length = _HEADER.unpack_from(record)
     at = _HEADER.size + length
     if magic != _MAGIC or len(record) != at + 48 * count:
-        return Snapshot(root)
+        return None
     paths = record[_HEADER.size : at].decode("utf-8", "surrogateescape").split("\0") if count else []
     if len(paths) != count:
-        return Snapshot(root)
+        return None
     columns = []
     for k in range(4):
         column = array("q", record[at + 8 * count * k : at + 8 * count * (k + 1)])
         if sys.byteorder != "little":
             column.byteswap()
         columns.append(column)
-    digests = record[at + 32 * count :]
-    return Snapshot(root, paths, (columns[0], columns[1], columns[2], columns[3]), digests)
+    return paths, (columns[0], columns[1], columns[2], columns[3]), record[at + 32 * count :]
+
+
+def _joined(root: str, records: Sequence[bytes]) -> Snapshot:
+    """The snapshot a record's parts hold, in order; an empty one when a part does not add up."""
+    parts = [_decode(record) for record in records]
+    if not parts:
+        return Snapshot(root)
+    if len(parts) == 1 and parts[0] is not None:
+        return Snapshot(root, *parts[0])
+    paths: list[str] = []
+    columns: Columns = (array("q"), array("q"), array("q"), array("q"))
+    digests = bytearray()
+    for part in parts:
+        if part is None:
+            return Snapshot(root)
+        paths += part[0]
+        for column, more in zip(columns, part[1]):
+            column.extend(more)
+        digests += part[2]
+    return Snapshot(root, paths, columns, bytes(digests))
 
 
 def _key(root: str) -> str:
@@ -231,10 +262,11 @@ class DigestCache:
                 if str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
                     db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=NORMAL")
-                tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-                if "trees" not in tables or _OLD_TABLE in tables:  # each statement commits itself
+                if db.execute("PRAGMA user_version").fetchone()[0] != _FORMAT:  # each statement commits itself
+                    for table in _OLD_TABLES:
+                        db.execute(f"DROP TABLE IF EXISTS {table}")
                     db.execute(_SCHEMA)
-                    db.execute(f"DROP TABLE IF EXISTS {_OLD_TABLE}")
+                    db.execute(f"PRAGMA user_version = {_FORMAT}")
                 return db
             except sqlite3.OperationalError as exc:
                 db.close()
@@ -255,16 +287,16 @@ class DigestCache:
         self.close()
 
     def snapshot(self, root: str) -> Snapshot:
-        """What is recorded for the tree at ``root`` (one read); files modified from now on
+        """What is recorded for the tree at ``root`` (one query); files modified from now on
         (less the racy window) will not be recorded."""
         self._started_ns = time.time_ns()
         try:
-            row = self._db.execute("SELECT record FROM trees WHERE root = ?", (_key(root),)).fetchone()
+            rows = self._db.execute("SELECT record FROM trees WHERE root = ? ORDER BY part", (_key(root),)).fetchall()
         except sqlite3.Error as exc:
             raise SourceUnavailable(
                 f"digest cache {self.path} is unreadable: {exc}", hint="delete it; it is only a cache"
             ) from exc
-        return _decode(root, bytes(row[0])) if row is not None else Snapshot(root)
+        return _joined(root, [bytes(record) for (record,) in rows])
 
     def match(self, snapshot: Snapshot, item: _Found) -> str | None:
         """The recorded digest of ``item`` if its size, mtime, inode and ctime are unchanged."""
@@ -301,10 +333,16 @@ class DigestCache:
             and columns == [snapshot.sizes, snapshot.mtimes, snapshot.inodes, snapshot.ctimes]
         ):  # fmt: skip
             return
-        record = _encode(paths, columns, digests)
+        key = _key(snapshot.root)
+        parts = [
+            (key, part, _encode(paths[first : first + PART_FILES], [c[first : first + PART_FILES] for c in columns],
+                                digests[16 * first : 16 * (first + PART_FILES)]))
+            for part, first in enumerate(range(0, max(1, len(paths)), PART_FILES))
+        ]  # fmt: skip
         try:
             with self._db:
-                self._db.execute("INSERT OR REPLACE INTO trees VALUES (?, ?)", (_key(snapshot.root), record))
+                self._db.execute("DELETE FROM trees WHERE root = ?", (key,))
+                self._db.executemany("INSERT INTO trees VALUES (?, ?, ?)", parts)
         except sqlite3.Error as exc:
             raise SourceUnavailable(
                 f"cannot write the digest cache {self.path}: {exc}", hint="delete it; it is only a cache"

@@ -327,12 +327,16 @@ def _cached_tree_digest(
     expect_total(progress, sum(sizes), len(paths))
     index = snapshot.lookup(paths, sizes, mtimes, inodes, ctimes)
     misses = [k for k, i in enumerate(index) if i < 0]
-    if not misses:  # the tree as recorded: the record's digests, as they are
+    if not misses:  # every file as recorded
         cache.record(hits=len(paths), misses=0)
         if progress is not None:
             progress(sum(sizes), len(paths))
+        recorded = snapshot.digests
+        if paths != snapshot.paths:  # files removed, or recorded in another order: picked out
+            recorded = b"".join([recorded[16 * i : 16 * i + 16] for i in index])
+            cache.store(snapshot, paths, sizes, mtimes, inodes, ctimes, recorded)
         table = EntryTableBuilder()
-        table.add_raw(paths, sizes, mtimes, snapshot.digests)
+        table.add_raw(paths, sizes, mtimes, recorded)
         return table.build()
     whole = len(misses) == len(paths)  # nothing recorded: the digests come in listing order
     digests = bytearray() if whole else bytearray(16 * len(paths))

@@ -230,3 +230,40 @@ def test_a_file_changed_between_its_stat_and_its_read_is_taken_as_read_and_not_r
     monkeypatch.undo()
     assert manifest == build_manifest(tree, name="d", native=False)  # its size and digest as read
     assert "c2/5.jpg" not in recorded.paths and len(recorded) == 29
+
+
+def test_a_big_tree_is_recorded_in_parts(tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record is cut into parts (SQLite refuses a value over 1 GB: a tree of 14 million
+    files would be one), read back as one, and rewritten whole when the tree shrinks."""
+    monkeypatch.setattr(digestcache, "PART_FILES", 7)
+    with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache:
+        first = build_manifest(tree, name="d", digest_cache=cache)
+        with OpenWatch(tree) as reads:
+            assert build_manifest(tree, name="d", digest_cache=cache) == first
+        assert reads.opened == set()
+        for path in sorted(tree.rglob("*.jpg"))[:20]:
+            path.unlink()
+        build_manifest(tree, name="d", digest_cache=cache)
+        assert len(cache.snapshot(str(tree))) == 10
+    db = sqlite3.connect(tmp_path / "cache.sqlite")
+    parts = [part for (part,) in db.execute("SELECT part FROM trees ORDER BY part")]
+    db.close()
+    assert parts == [0, 1]  # 10 files: two parts, the five of the 30-file record gone
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="the native loops are not built")
+def test_a_record_the_pure_loop_wrote_in_walk_order_answers_the_native_loop(tmp_path: Path) -> None:
+    """The pure loop records files in its walk's order, the native one in path order: each
+    answers the other, file by file (a directory's own files walk before its subdirectory's,
+    "a/z.jpg" before "a/b/x.jpg", which sorts first)."""
+    tree = write_tree(tmp_path / "src", {"a/z.jpg": b"z" * 50, "a/b/x.jpg": b"x" * 60, "a/b/y.jpg": b"y" * 70})
+    with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache:
+        build_manifest(tree, name="d", digest_cache=cache, native=False)
+        recorded = cache.snapshot(str(tree)).paths
+        with OpenWatch(tree) as reads:
+            digested = build_manifest(tree, name="d", digest_cache=cache, native=True)
+        assert reads.opened == set() and digested == build_manifest(tree, name="d")
+        with OpenWatch(tree) as reads:
+            assert build_manifest(tree, name="d", digest_cache=cache, native=False) == digested
+        assert reads.opened == set()
+    assert recorded != sorted(recorded)  # the case this test is about
