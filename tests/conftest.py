@@ -179,6 +179,13 @@ def pytest_report_header() -> str:
 
 
 @pytest.fixture(autouse=True)
+def _private_digest_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dsctl`` run in-process keeps its digest cache in the test's own folder, not in the
+    home of whoever runs the suite (``$DSAGENT_DIGEST_CACHE``, which a test may set again)."""
+    monkeypatch.setenv("DSAGENT_DIGEST_CACHE", str(tmp_path_factory.mktemp("digest-cache") / "digests.sqlite"))
+
+
+@pytest.fixture(autouse=True)
 def _native_switch_restored() -> Iterator[None]:
     """A process edge run in-process (``dsctl``'s main, the agent's ``run``) switches the
     native loops for the process (:func:`dsagent.format.native.use_native`): later tests get
