@@ -29,7 +29,7 @@ import struct
 import sys
 import time
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -112,15 +112,6 @@ class Snapshot:
 
     def __len__(self) -> int:
         return len(self.paths)
-
-    def __eq__(self, other: object) -> bool:  # a snapshot equals a plain mapping of its rows
-        if isinstance(other, Snapshot):
-            return self.paths == other.paths and self.rows() == other.rows()
-        if isinstance(other, Mapping):
-            return self.rows() == dict(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
 
     def hex_digests(self) -> list[str]:
         hexed = self.digests.hex()

@@ -192,12 +192,13 @@ def digest_files(
 ) -> Sequence[FileEntry]:
     """Entries for ``found`` (consumed lazily), taking unchanged files' digests from ``digest_cache``.
 
-    Hashing runs while ``found`` is still being walked. A local tree without a digest cache
-    is hashed by the native extension (:mod:`dsagent.format.native`) when it is built and
-    ``native`` is not False (None: when it is built; True: it must be), on a thread a core
-    (``workers`` at most) inside each :func:`~dsagent.format.native.hash_tree` call: no
-    forked process, and the threads of the C loop scale where Python's do not
-    (docs/design-native.md#on-a-node-with-many-cores). Otherwise the pure loop hashes on
+    A local tree is hashed by the native extension (:mod:`dsagent.format.native`) when it
+    is built and ``native`` is not False (None: when it is built; True: it must be), on a
+    thread a core (``workers`` at most) inside each :func:`~dsagent.format.native.hash_tree`
+    call: no forked process, and the threads of the C loop scale where Python's do not
+    (docs/design-native.md#on-a-node-with-many-cores). Without a digest cache, hashing runs
+    while ``found`` is still being walked; with one, the tree is listed and stat'ed first
+    and only the files the cache does not answer are read. Otherwise the pure loop hashes on
     ``workers`` threads, or, for a big local tree in a single-threaded process, on one
     forked process per core (``workers`` at most; see :class:`ProcessPool`).
     """
