@@ -1,10 +1,9 @@
 /* The unpack's member loop (included by dsnative.c: one translation unit, it uses its xxh3
  * binding and helpers).
  *
- * Unpacker(dir_fd, names, sizes, mtimes, digests, template, by_name=False) takes one bundle's manifest
- * entries in order (names: a sequence of bytes, the member names, copied into a tuple the
- * object owns; sizes: array('Q') bytes;
- * mtimes: array('q') bytes; digests: 16 raw bytes an entry) and the plain header bundles
+ * Unpacker(dir_fd, names, sizes, mtimes, digests, template, by_name=False, writers=1) takes
+ * one bundle's manifest entries in order (names: a sequence of bytes, the member names,
+ * copied into a tuple the object owns; sizes: array('Q') bytes; mtimes: array('q') bytes; digests: 16 raw bytes an entry) and the plain header bundles
  * are written with (template: 512 bytes, name, size, mtime and checksum blank).
  *
  * feed(buffer) -> (consumed, status, a, b) runs over the decompressed tar bytes with the GIL
@@ -24,7 +23,17 @@
  *   5 ERRNO: creating or writing entry `a` failed with errno `b` (`failed_op` says which
  *     call: 1 the create, 2 a write, 3 setting its mtime, 4 closing it).
  * After 3-5 the object is spent. Every argument may be given by keyword; an unknown keyword
- * is a TypeError. `next` is the index of the next entry, `written` the bytes
+ * is a TypeError.
+ *
+ * writers > 1: the members whose header, data and padding are all in the buffer are taken
+ * a batch at a time and written by that many threads (a pool of the object's own, pool.c:
+ * the calling thread and writers - 1 workers, each with its own descriptor table, kept until
+ * the object ends); a member cut by the buffer's end is written by the calling thread, as
+ * with writers = 1. A batch is written before anything after it (a member of the calling
+ * thread, the end, a foreign header, a size refused), and its failures are reported as the
+ * first in index order would be alone: files after a failed one in its batch may exist
+ * (the caller removes what a failed bundle wrote). A tree of small files is mostly the
+ * kernel's creates, one after another on one thread. `next` is the index of the next entry, `written` the bytes
  * of the entries done, `phase` 0 between members, 1 inside a header, 2 inside member data,
  * 3 inside the padding after it (what a stream ending here lacks).
  */
@@ -58,7 +67,22 @@ typedef struct {
     int busy;    /* a feed is running (without the GIL): a second caller is refused */
     int failed_op; /* after ST_ERRNO: which call failed (OP_*) */
     PyObject *hook; /* the I/O hook of the running feed (a reference of its own), or NULL */
+    int writers;             /* threads writing the members whole in a buffer (1: the caller alone) */
+    struct work_pool *pool;  /* their pool, started at the first batch */
+    struct member_job *jobs; /* the batch (BATCH_MAX) */
 } Unpacker;
+
+/* A member whole in the buffer, written by the pool. */
+typedef struct member_job {
+    Py_ssize_t index;
+    const unsigned char *data;
+    unsigned long long size;
+    int status; /* 0, ST_DIGEST or ST_ERRNO */
+    int err;
+    int op;
+} member_job;
+
+#define BATCH_MAX 1024
 
 static int octal11(const unsigned char *f, unsigned long long *out) {
     unsigned long long v = 0;
@@ -110,6 +134,47 @@ static int write_all(int fd, const unsigned char *p, size_t n, PyObject *hook) {
 /* Ends the current member once its padding is read too (the Python loop reads the padding
  * before it compares the digest, so a stream cut in the padding is refused as cut by both):
  * digest, mtime, close. 0 or a status (a = index, b = errno). */
+/* Date a written member's file with its mtime and close it: 0, or the errno and *op. */
+static int date_and_close(int fd, long long mtime, int *op) {
+    struct timespec ts[2];
+    ts[0].tv_sec = ts[1].tv_sec = (time_t)(mtime / 1000000000LL);
+    ts[0].tv_nsec = ts[1].tv_nsec = (long)(mtime % 1000000000LL);
+    if (ts[0].tv_nsec < 0) {
+        ts[0].tv_nsec += 1000000000L;
+        ts[1].tv_nsec = ts[0].tv_nsec;
+        ts[0].tv_sec -= 1;
+        ts[1].tv_sec = ts[0].tv_sec;
+    }
+    if (futimens(fd, ts) != 0) {
+        int e = errno;
+        *op = OP_UTIME;
+        close(fd);
+        return e;
+    }
+    if (close(fd) != 0 && errno != EINTR) {
+        *op = OP_CLOSE;
+        return errno;
+    }
+    return 0;
+}
+
+/* Create entry `index`'s file (at its index, or by_name at its name): the descriptor, or -1
+ * with errno set (the hook's errno too). */
+static int create_member(Unpacker *u, Py_ssize_t index) {
+    char fname[32];
+    snprintf(fname, sizeof fname, "%zd", index);
+    const char *target = u->by_name ? u->name_ptr[index] : fname;
+    int fd, e = hook_says(u->hook, "open", u->dir_fd, target);
+    if (e != 0) {
+        errno = e;
+        return -1;
+    }
+    do {
+        fd = openat(u->dir_fd, target, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    } while (fd < 0 && errno == EINTR);
+    return fd;
+}
+
 static int finish_member(Unpacker *u, long long *a, long long *b) {
     unsigned char got[16];
     canonical(xxh3_digest(u->state), got);
@@ -121,26 +186,11 @@ static int finish_member(Unpacker *u, long long *a, long long *b) {
         *a = i;
         return ST_DIGEST;
     }
-    struct timespec ts[2];
-    ts[0].tv_sec = ts[1].tv_sec = (time_t)(u->mtimes[i] / 1000000000LL);
-    ts[0].tv_nsec = ts[1].tv_nsec = (long)(u->mtimes[i] % 1000000000LL);
-    if (ts[0].tv_nsec < 0) {
-        ts[0].tv_nsec += 1000000000L;
-        ts[1].tv_nsec = ts[0].tv_nsec;
-        ts[0].tv_sec -= 1;
-        ts[1].tv_sec = ts[0].tv_sec;
-    }
-    if (futimens(fd, ts) != 0) {
+    int op = OP_NONE, e = date_and_close(fd, u->mtimes[i], &op);
+    if (e != 0) {
         *a = i;
-        *b = errno;
-        u->failed_op = OP_UTIME;
-        close(fd);
-        return ST_ERRNO;
-    }
-    if (close(fd) != 0 && errno != EINTR) {
-        *a = i;
-        *b = errno;
-        u->failed_op = OP_CLOSE;
+        *b = e;
+        u->failed_op = op;
         return ST_ERRNO;
     }
     u->written += (long long)u->sizes[i];
@@ -149,9 +199,67 @@ static int finish_member(Unpacker *u, long long *a, long long *b) {
     return 0;
 }
 
+/* One member of a batch, on a thread of the pool: created, written, checked, dated, closed. */
+static void write_job(void *ctx, Py_ssize_t item) {
+    Unpacker *u = ctx;
+    member_job *j = &u->jobs[item];
+    int fd = create_member(u, j->index);
+    if (fd < 0) {
+        j->status = ST_ERRNO;
+        j->err = errno;
+        j->op = OP_OPEN;
+        return;
+    }
+    int e = write_all(fd, j->data, (size_t)j->size, u->hook);
+    if (e != 0) {
+        close(fd);
+        j->status = ST_ERRNO;
+        j->err = e;
+        j->op = OP_WRITE;
+        return;
+    }
+    unsigned char got[16];
+    canonical(xxh3_128_oneshot(j->data, (size_t)j->size), got);
+    if (memcmp(got, u->digests + 16 * j->index, 16) != 0) {
+        close(fd);
+        j->status = ST_DIGEST;
+        return;
+    }
+    e = date_and_close(fd, u->mtimes[j->index], &j->op);
+    if (e != 0) {
+        j->status = ST_ERRNO;
+        j->err = e;
+    }
+}
+
+/* Write the batch of `*count` members on the pool; 0, or the first failure in index order
+ * as finish_member reports it (next goes back to that entry). */
+static int flush_batch(Unpacker *u, Py_ssize_t *count, long long *a, long long *b) {
+    Py_ssize_t n = *count;
+    if (n == 0) return 0;
+    *count = 0;
+    if (u->pool == NULL) u->pool = pool_start(u->writers, u->dir_fd); /* NULL: this thread alone */
+    pool_run(u->pool, write_job, u, n);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        member_job *j = &u->jobs[k];
+        if (j->status != 0) {
+            u->next = j->index;
+            *a = j->index;
+            if (j->status == ST_ERRNO) {
+                *b = j->err;
+                u->failed_op = j->op;
+            }
+            return j->status;
+        }
+        u->written += (long long)j->size;
+    }
+    return 0;
+}
+
 static int run(Unpacker *u, const unsigned char *p, size_t n, size_t *used, long long *a, long long *b) {
     size_t pos = 0;
     int st = ST_MORE;
+    Py_ssize_t batched = 0; /* members taken for the pool, not yet written */
     while (pos < n) {
         if (u->phase == PH_PAD) {
             size_t take = u->pad < n - pos ? u->pad : n - pos;
@@ -217,18 +325,20 @@ static int run(Unpacker *u, const unsigned char *p, size_t n, size_t *used, long
             st = ST_SIZE;
             break;
         }
-        char fname[32];
-        snprintf(fname, sizeof fname, "%zd", u->next);
-        const char *target = u->by_name ? u->name_ptr[u->next] : fname;
-        int fd, e = hook_says(u->hook, "open", u->dir_fd, target);
-        if (e != 0) {
-            fd = -1;
-            errno = e;
-        } else {
-            do {
-                fd = openat(u->dir_fd, target, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-            } while (fd < 0 && errno == EINTR);
+        size_t pad = (size_t)((512 - size % 512) % 512);
+        if (u->jobs != NULL && h != u->hbuf && size <= (unsigned long long)(n - pos) && pad <= n - pos - size) {
+            member_job *j = &u->jobs[batched++];
+            j->index = u->next;
+            j->data = p + pos;
+            j->size = size;
+            j->status = j->err = j->op = 0;
+            pos += (size_t)size + pad;
+            u->next++;
+            if (batched == BATCH_MAX && (st = flush_batch(u, &batched, a, b)) != 0) break;
+            continue;
         }
+        if ((st = flush_batch(u, &batched, a, b)) != 0) break; /* the members before this one first */
+        int fd = create_member(u, u->next);
         if (fd < 0) {
             *a = u->next;
             *b = errno;
@@ -238,10 +348,19 @@ static int run(Unpacker *u, const unsigned char *p, size_t n, size_t *used, long
         }
         u->fd = fd;
         u->left = size;
-        u->pad = (size_t)((512 - size % 512) % 512);
+        u->pad = pad;
         xxh3_reset(u->state);
         u->phase = PH_DATA;
         if (size == 0 && (st = finish_member(u, a, b)) != 0) break;
+    }
+    if (batched > 0) { /* written before what ended the run is reported, a failure of theirs first */
+        long long ba = 0, bb = 0;
+        int failed = flush_batch(u, &batched, &ba, &bb);
+        if (failed != 0) {
+            st = failed;
+            *a = ba;
+            *b = bb;
+        }
     }
     *used = pos;
     return st;
@@ -303,6 +422,8 @@ static PyObject *Unpacker_get_phase(Unpacker *u, void *c) {
 }
 
 static void Unpacker_dealloc(Unpacker *u) {
+    pool_stop(u->pool);
+    PyMem_Free(u->jobs);
     if (u->fd >= 0) close(u->fd);
     if (u->state) xxh3_free(u->state);
     PyMem_Free(u->name_ptr);
@@ -350,14 +471,20 @@ static int name_columns(PyObject *names, const char **ptr, Py_ssize_t *len, int 
 }
 
 static PyObject *Unpacker_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
-    static char *keywords[] = {"dir_fd", "names", "sizes", "mtimes", "digests", "template", "by_name", NULL};
+    static char *keywords[] = {"dir_fd", "names", "sizes", "mtimes", "digests", "template", "by_name", "writers",
+                               NULL};
     int dir_fd;
     PyObject *names, *sizes, *mtimes, *digests;
     Py_buffer tmpl;
-    int by_name = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOOOOy*|p", keywords, &dir_fd, &names, &sizes, &mtimes, &digests,
-                                     &tmpl, &by_name))
+    int by_name = 0, writers = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "iOOOOy*|pi", keywords, &dir_fd, &names, &sizes, &mtimes, &digests,
+                                     &tmpl, &by_name, &writers))
         return NULL;
+    if (writers < 1 || writers > POOL_THREADS_MAX) {
+        PyBuffer_Release(&tmpl);
+        PyErr_Format(PyExc_ValueError, "writers must be 1 to %d", POOL_THREADS_MAX);
+        return NULL;
+    }
     /* a tuple of our own: a caller changing its list cannot free a name in use */
     PyObject *owned = PySequence_Tuple(names);
     if (owned == NULL) {
@@ -383,6 +510,8 @@ static PyObject *Unpacker_new(PyTypeObject *type, PyObject *args, PyObject *kw) 
     if (copy_column(mtimes, u->count, 8, (void **)&u->mtimes) != 0) goto fail;
     if (copy_column(digests, u->count, 16, (void **)&u->digests) != 0) goto fail;
     if ((u->state = xxh3_create()) == NULL) goto nomem;
+    u->writers = writers;
+    if (writers > 1 && (u->jobs = PyMem_Calloc(BATCH_MAX, sizeof(member_job))) == NULL) goto nomem;
     return (PyObject *)u;
 nomem:
     PyErr_NoMemory();

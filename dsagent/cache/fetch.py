@@ -53,7 +53,7 @@ from dsagent.cache.fetchranges import RangesUnsupported, range_plan, unpack_rang
 from dsagent.cache.progress import FetchProgress
 from dsagent.errors import InsufficientSpace, IntegrityError, InvalidInput, is_full_disk, local_write_error
 from dsagent.format.bundles.bundle import unpack_bundle
-from dsagent.format.bundles.extract import STAGING_DIR, create_empty_directories, frame_decoders
+from dsagent.format.bundles.extract import STAGING_DIR, create_empty_directories, frame_decoders, member_writers
 from dsagent.format.digester import REMOTE_WORKERS, is_local, mtime_ns
 from dsagent.format.durable import WritebackError, syncfs, writeback_for
 from dsagent.format.manifest import (
@@ -398,6 +398,7 @@ async def fetch_bundles(
     store = source.bundles
     bindable = can_bind(store)
     decoders = frame_decoders(min(workers, len(todo)))  # the cores the bundles at once leave
+    writers = member_writers(min(workers, len(todo)))  # and the threads writing each one's files
 
     def from_store(bundle: BundleRef, lease: Lease) -> None:
         tries = [0]
@@ -430,6 +431,7 @@ async def fetch_bundles(
                     progress=count,
                     in_place=True,
                     decoders=decoders,
+                    writers=writers,
                 )
             )
 

@@ -305,9 +305,11 @@ def extract_members(
     progress: Callable[[int, int], None] | None,
     path: Callable[[int], str],
     by_name: bool = False,
+    writers: int = 1,
 ) -> None:
     """A bundle's members from ``reader`` into ``dir_fd`` (each entry under its index, or with
-    ``by_name`` at its path, its directories made beforehand), by the C loop.
+    ``by_name`` at its path, its directories made beforehand), by the C loop; ``writers`` > 1:
+    the members whole in a chunk are written on that many threads (native/unpackloop.c).
 
     ``one_member`` is the Python loop's step: it parses, checks and writes the next member
     (or raises its error) and returns its index, or None at the end of the archive; ``rest``
@@ -326,7 +328,7 @@ def extract_members(
     paths = members.paths
     loop = _native.Unpacker(
         dir_fd, [p.encode("utf-8", "surrogateescape") for p in paths], members.sizes, members.mtimes,
-        members.digests, plain_template(), by_name=by_name,
+        members.digests, plain_template(), by_name=by_name, writers=writers,
     )  # fmt: skip
     while True:
         view = reader.read(CHUNK_SIZE)

@@ -121,15 +121,17 @@ class Harness:
         self.bundle = self.manifest.bundles[0]
         self.runs = 0
 
-    def _outcome(self, stream: bytes, native: bool) -> tuple[str, Any]:
+    def _outcome(self, stream: bytes, native: bool, writers: int = 1) -> tuple[str, Any]:
         from dsagent.errors import DsagentError
         from dsagent.format.bundles.extract import unpack_bundle_stream
 
-        target = self.scratch / f"t{self.runs}-{int(native)}"
+        target = self.scratch / f"t{self.runs}-{int(native)}-{writers}"
         target.mkdir()
         (target / "kept").write_bytes(b"k")
         try:
-            unpack_bundle_stream(io.BytesIO(stream), self.manifest, self.bundle, target, durable=False, native=native)
+            unpack_bundle_stream(
+                io.BytesIO(stream), self.manifest, self.bundle, target, durable=False, native=native, writers=writers
+            )
         except DsagentError as exc:
             left = sorted(os.listdir(target))
             return type(exc).__name__, (str(exc).replace(str(target), "TARGET"), left)
@@ -148,9 +150,10 @@ class Harness:
         stream = zstandard.ZstdCompressor(level=1, write_checksum=True).compress(data)
         self.runs += 1
         pure = self._outcome(stream, False)
-        c = self._outcome(stream, True)
-        if pure != c:
-            raise Mismatch(f"pure loop: {pure!r:.400}\nnative loop: {c!r:.400}")
+        for writers in (1, 4):  # the C loop alone, and with the pool writing whole members
+            c = self._outcome(stream, True, writers)
+            if pure != c:
+                raise Mismatch(f"pure loop: {pure!r:.400}\nnative loop, {writers} writers: {c!r:.400}")
 
 
 def mutations(rng: random.Random, good: bytes) -> Iterator[bytes]:

@@ -92,6 +92,7 @@ __all__ = [
     "STAGING_DIR",
     "create_empty_directories",
     "frame_decoders",
+    "member_writers",
     "unpack",
     "unpack_bundle",
     "unpack_bundle_stream",
@@ -184,7 +185,7 @@ def _write_member(chunks: Iterator[memoryview], fd: int, entry: FileEntry, what:
 
 def _extract_stream(
     raw: IO[bytes], members: EntryTable, bundle: BundleRef, staging: _Staging, progress: Progress | None,
-    native: bool, decoders: int = 0,
+    native: bool, decoders: int = 0, writers: int = 1,
 ) -> None:  # fmt: skip
     what = f"bundle {bundle.digest}"
     # from the columns: an entry is built as a FileEntry only when its member arrives
@@ -194,7 +195,7 @@ def _extract_stream(
     with FrameReader(raw, what, limit=bound, ahead=UNPACK_AHEAD, frames=True, decoders=decoders) as reader:
         loop = _Members(reader, members, bundle, staging, progress, expected, seen)
         if native:
-            loop.native()
+            loop.native(writers)
         else:
             loop.rest()
         reader.drain()
@@ -246,14 +247,15 @@ class _Members:
         while self.one() is not None:
             pass
 
-    def native(self) -> None:
-        """The C loop (:func:`dsagent.format.native.extract_members`), to the end of the archive."""
+    def native(self, writers: int = 1) -> None:
+        """The C loop (:func:`dsagent.format.native.extract_members`), to the end of the archive,
+        the members whole in a chunk written on ``writers`` threads."""
         dir_fd = os.open(self.staging.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             native_loops.extract_members(
                 self.reader, dir_fd, self.members, self.what, seen=self.seen, one_member=self.one, rest=self.rest,
                 written=lambda nbytes: self.writeback.written(dir_fd, nbytes), progress=self.progress,
-                path=self.staging.path, by_name=self.staging.in_place,
+                path=self.staging.path, by_name=self.staging.in_place, writers=writers,
             )  # fmt: skip
         finally:
             os.close(dir_fd)
@@ -331,6 +333,7 @@ def unpack_bundle(
     native: bool | None = None,
     in_place: bool = False,
     decoders: int = 0,
+    writers: int = 1,
 ) -> None:
     """Extract one bundle's files into the existing directory ``dest_dir``, verified.
 
@@ -353,7 +356,7 @@ def unpack_bundle(
         with raw:
             unpack_bundle_stream(
                 raw, manifest, bundle, dest_dir, progress=progress, durable=durable, native=native, in_place=in_place,
-                decoders=decoders,
+                decoders=decoders, writers=writers,
             )  # fmt: skip
 
 
@@ -368,6 +371,7 @@ def unpack_bundle_stream(
     native: bool | None = None,
     in_place: bool = False,
     decoders: int = 0,
+    writers: int = 1,
 ) -> None:
     """:func:`unpack_bundle` from an already open stream of the bundle's bytes (a peer's
     response, read as it arrives): the same checks, the same all-or-nothing result.
@@ -380,7 +384,8 @@ def unpack_bundle_stream(
     renames), for a caller whose ``dest_dir`` is a private stage it removes whole on any
     error (:func:`unpack`): then an error leaves part of the bundle there. ``decoders``:
     threads that decode the bundle's frames ahead of the member loop (0: the one reading
-    thread; :func:`frame_decoders`)."""
+    thread; :func:`frame_decoders`); ``writers``: threads that write the C loop's files
+    (:func:`member_writers`)."""
     native = native_loops.chosen(native)
     dest = Path(dest_dir)
     if not dest.is_dir():
@@ -392,7 +397,7 @@ def unpack_bundle_stream(
         since = writeback.mark()
     try:
         with _local_writes(dest):  # errors writing the target are not the source's
-            _extract_stream(raw, members, bundle, staging, progress, native, decoders)
+            _extract_stream(raw, members, bundle, staging, progress, native, decoders, writers)
             if not in_place:
                 _publish(staging, dest, members, durable)
             elif durable:
@@ -409,6 +414,14 @@ def frame_decoders(at_once: int) -> int:
     0 (one reading thread decodes) where fewer than two are left."""
     spare = native_loops.spare_cores(at_once) - 2  # each bundle's cores, as the pack shares them out
     return min(FRAME_DECODERS_MAX, spare) if spare >= 2 else 0
+
+
+def member_writers(at_once: int) -> int:
+    """Threads to write the files of each of ``at_once`` bundles unpacked together (the C
+    loop's own among them): the cores left beside their frame decoders and readers, and at
+    least two, since a small file's create, write, date and close are the kernel's work, one
+    after another on a thread, while its reader only hands on decompressed bytes."""
+    return max(2, native_loops.spare_cores(at_once) - frame_decoders(at_once) - 1)
 
 
 def create_empty_directories(manifest: Manifest, dest_dir: str | os.PathLike[str]) -> None:
@@ -502,10 +515,11 @@ def _unpack_bundles(
 
     if count <= 1 or len(manifest.bundles) <= 1:
         decoders = frame_decoders(1)  # one bundle at a time: the spare cores decode its frames
+        writers = member_writers(1)  # and write its files
         for bundle in manifest.bundles:
             unpack_bundle(
                 store, manifest, bundle, stage, storage_options=storage_options, progress=progress, durable=False,
-                native=native, in_place=True, decoders=decoders,
+                native=native, in_place=True, decoders=decoders, writers=writers,
             )  # fmt: skip
         return
     if can_fork():

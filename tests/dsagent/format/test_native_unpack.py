@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import random
 import tarfile
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -205,11 +207,16 @@ def _replace_bundle(store: Path, manifest: Manifest, tar: bytes) -> None:
     )
 
 
-def _outcome(store: Path, manifest: Manifest, target: Path, use: bool) -> tuple[str, str]:
+#: the C loop's writers: the calling thread alone, and a pool that writes the members whole
+#: in a buffer (native/unpackloop.c)
+WRITERS = [1, 4]
+
+
+def _outcome(store: Path, manifest: Manifest, target: Path, use: bool, writers: int = 1) -> tuple[str, str]:
     target.mkdir()
     (target / "kept").write_bytes(b"k")
     try:
-        unpack_bundle(store, manifest, manifest.bundles[0], target, native=use)
+        unpack_bundle(store, manifest, manifest.bundles[0], target, native=use, writers=writers)
     except DsagentError as exc:
         assert sorted(os.listdir(target)) == ["kept"]  # nothing of the bundle, no staging left
         return type(exc).__name__, str(exc)
@@ -238,10 +245,11 @@ def test_both_loops_refuse_a_hostile_dataset_alike(
     assert _dataset_outcome(store, tmp_path / "native", True) == pure
 
 
+@pytest.mark.parametrize("writers", WRITERS)
 @pytest.mark.parametrize("piece", [CHUNK_SIZE, 100])
 @pytest.mark.parametrize("kind", sorted(HOSTILE))
 def test_both_loops_refuse_a_hostile_bundle_alike(
-    kind: str, piece: int, small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType,
+    kind: str, piece: int, writers: int, small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     store, manifest = small
@@ -249,7 +257,7 @@ def test_both_loops_refuse_a_hostile_bundle_alike(
     _replace_bundle(store, manifest, HOSTILE[kind]())
     pure = _outcome(store, manifest, tmp_path / "pure", False)
     assert pure[0] in ("UnsafeArchive", "IntegrityError"), pure
-    assert _outcome(store, manifest, tmp_path / "native", True) == pure
+    assert _outcome(store, manifest, tmp_path / "native", True, writers) == pure
     assert not Path("/tmp/dsagent-evil-abs").exists()
     assert not (tmp_path / "evil").exists()
 
@@ -290,8 +298,9 @@ def test_the_unpacker_refuses_columns_that_do_not_match(with_native: ModuleType)
         with_native.Unpacker(0, ["a"], bytes(8), bytes(8), bytes(16), plain_template())
 
 
+@pytest.mark.parametrize("writers", WRITERS)
 def test_a_write_the_disk_refuses_fails_alike_and_leaves_nothing(
-    small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
+    writers: int, small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
 ) -> None:
     import resource
     import signal
@@ -307,7 +316,7 @@ def test_a_write_the_disk_refuses_fails_alike_and_leaves_nothing(
             resource.setrlimit(resource.RLIMIT_FSIZE, (2000, old_limit[1]))  # train/a.jpg has 3000 bytes
             try:
                 with pytest.raises(DsagentError) as caught:
-                    unpack_bundle(store, manifest, manifest.bundles[0], target, native=use)
+                    unpack_bundle(store, manifest, manifest.bundles[0], target, native=use, writers=writers)
             finally:
                 resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
             assert os.listdir(target) == []
@@ -317,9 +326,10 @@ def test_a_write_the_disk_refuses_fails_alike_and_leaves_nothing(
     assert outcomes[0] == outcomes[1] == (outcomes[0][0], True)
 
 
+@pytest.mark.parametrize("writers", WRITERS)
 @pytest.mark.parametrize("seed", range(4))
 def test_both_loops_agree_on_randomly_damaged_streams(
-    seed: int, small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
+    seed: int, writers: int, small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
 ) -> None:
     """A small differential fuzz: bytes of a good tar stream changed, cut, dropped or repeated
     (headers first: that is where the C parser decides), both loops give the same outcome
@@ -332,7 +342,7 @@ def test_both_loops_agree_on_randomly_damaged_streams(
         where = tmp_path / f"{case}"
         where.mkdir()
         pure = _outcome(store, manifest, where / "pure", False)
-        assert _outcome(store, manifest, where / "native", True) == pure, data
+        assert _outcome(store, manifest, where / "native", True, writers) == pure, data
 
 
 # --------------------------------------------------------------------------- the C object's contract
@@ -426,8 +436,9 @@ def _errors_alike(outcomes: list[tuple[str, str]], *where: Path) -> list[tuple[s
     return same
 
 
+@pytest.mark.parametrize("writers", WRITERS)
 def test_a_file_too_large_fails_alike_in_type_and_message(
-    small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
+    writers: int, small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
 ) -> None:
     import resource
     import signal
@@ -443,7 +454,7 @@ def test_a_file_too_large_fails_alike_in_type_and_message(
             resource.setrlimit(resource.RLIMIT_FSIZE, (2000, old_limit[1]))  # train/a.jpg has 3000 bytes
             try:
                 with pytest.raises(DsagentError) as caught:
-                    unpack_bundle(store, manifest, manifest.bundles[0], target, native=use)
+                    unpack_bundle(store, manifest, manifest.bundles[0], target, native=use, writers=writers)
             finally:
                 resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
             outcomes.append((type(caught.value).__name__, str(caught.value).replace(str(target), "TARGET")))
@@ -453,8 +464,9 @@ def test_a_file_too_large_fails_alike_in_type_and_message(
     assert outcomes[0][0] == "CacheDiskError" and "[Errno 27] File too large)" in outcomes[0][1]
 
 
+@pytest.mark.parametrize("writers", WRITERS)
 def test_a_file_in_the_way_fails_alike_in_type_and_message(
-    small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
+    writers: int, small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
 ) -> None:
     """Written in place (no staging), a file already at a member's path: EEXIST from the
     create (O_EXCL), naming the path, on both paths."""
@@ -465,7 +477,7 @@ def test_a_file_in_the_way_fails_alike_in_type_and_message(
         (target / "train").mkdir(parents=True)
         (target / "train" / "b.jpg").write_bytes(b"already here")
         with pytest.raises(DsagentError) as caught:
-            unpack_bundle(store, manifest, manifest.bundles[0], target, native=use, in_place=True)
+            unpack_bundle(store, manifest, manifest.bundles[0], target, native=use, in_place=True, writers=writers)
         outcomes.append((type(caught.value).__name__, str(caught.value).replace(str(target), "TARGET")))
     assert outcomes[0] == outcomes[1], outcomes
     assert "[Errno 17] File exists: 'TARGET/train/b.jpg'" in outcomes[0][1]
@@ -506,3 +518,51 @@ def test_a_full_disk_or_quota_fails_alike_in_type_and_message(
     assert pure == c, outcomes
     expected = "InsufficientSpace" if code in ("ENOSPC", "EDQUOT") else "CacheDiskError"
     assert outcomes[0][0] == expected
+
+
+# --------------------------------------------------------------------------- the C loop's writers
+
+
+def test_the_first_of_several_bad_members_in_a_batch_is_the_one_reported(
+    small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
+) -> None:
+    """Two members whose bytes do not match their digests, written at once by the pool: the
+    error names the first in the bundle's order, as the pure loop's does, however the
+    threads took them."""
+    store, manifest = small
+    path = Path(bundle_path(str(store), manifest.bundles[0].digest))
+    tar = zstandard.ZstdDecompressor().decompressobj().decompress(path.read_bytes())
+    tar = tar.replace(b"B" * 700, b"X" * 700).replace(b"D" * 1500, b"Y" * 1500)
+    _replace_bundle(store, manifest, tar)
+    pure = _outcome(store, manifest, tmp_path / "pure", False)
+    assert pure[0] == "IntegrityError" and "'train/b.jpg' does not match its digest" in pure[1], pure
+    for attempt in range(5):
+        assert _outcome(store, manifest, tmp_path / f"native-{attempt}", True, 4) == pure
+
+
+def test_members_whole_in_a_buffer_are_written_on_several_threads(tmp_path: Path, with_native: ModuleType) -> None:
+    files = {f"c{i % 4}/{i:03d}.jpg": os.urandom(200 + i) for i in range(64)}
+    store = tmp_path / "store"
+    manifest = pack(write_tree(tmp_path / "src", files), store, name="d")
+    threads: set[int] = set()
+
+    def slow_creates(kind: str, fd: int, name: bytes | None) -> None:
+        if kind == "open":
+            threads.add(threading.get_ident())
+            time.sleep(0.001)  # a slow disk: the pool's workers take the batch's later members
+
+    (tmp_path / "out").mkdir()
+    with_native.set_io_hook(slow_creates)
+    try:
+        unpack_bundle(store, manifest, manifest.bundles[0], tmp_path / "out", writers=4)
+    finally:
+        with_native.set_io_hook(None)
+    assert len(threads) >= 2
+    assert {k: v[0] for k, v in _files(tmp_path / "out").items()} == files
+
+
+def test_the_unpacker_refuses_writers_it_cannot_have(small: tuple[Path, Manifest], with_native: ModuleType) -> None:
+    paths, columns = _columns(small[1])
+    for writers in (0, -1, 65):
+        with pytest.raises(ValueError, match="writers must be 1 to 64"):
+            with_native.Unpacker(0, [p.encode() for p in paths], writers=writers, **columns)
