@@ -441,8 +441,17 @@ async def fetch_bundles(
             try:  # one bundle over several links, one byte range each (docs/design.md#links)
                 attempt(
                     lambda count: unpack_ranged(
-                        store, source.storage_options, manifest, bundle, staging, plan, links_, address, progress=count
-                    )
+                        store,
+                        source.storage_options,
+                        manifest,
+                        bundle,
+                        staging,
+                        plan,
+                        links_,
+                        address,
+                        progress=count,
+                        writers=writers,
+                    )  # fmt: skip
                 )
                 return
             except RangesUnsupported as exc:

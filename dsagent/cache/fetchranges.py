@@ -495,12 +495,14 @@ def unpack_ranged(
     address: str,
     *,
     progress: Progress | None = None,
+    writers: int = 1,
 ) -> Ranged:
     """Unpack ``bundle`` (in place, every file verified) into ``staging``, reading it as
     the byte ranges ``plan`` over ``links``: the first over ``address`` (the bundle's own
     lease), each other over a link of its own. Raises :class:`RangesUnsupported` before
     anything is unpacked when the store does not answer ranges; what the unpack raises
-    otherwise (a range failed over two links, a digest mismatch, a full disk)."""
+    otherwise (a range failed over two links, a digest mismatch, a full disk). ``writers``:
+    the threads writing its files (:func:`~dsagent.format.bundles.extract.member_writers`)."""
     job = _Job(store, storage_options, bundle, links)
     first = _Range(job, *plan[0], address, held=False)
     parts: list[_Range] = [first]
@@ -522,7 +524,9 @@ def unpack_ranged(
         for spool in spools:
             spool.start()
         with RangedStream(first, spools) as stream:
-            unpack_bundle_stream(cast(IO[bytes], stream), manifest, bundle, staging, progress=progress, in_place=True)
+            unpack_bundle_stream(
+                cast(IO[bytes], stream), manifest, bundle, staging, progress=progress, in_place=True, writers=writers
+            )
             peak = stream.peak_spooled
     finally:
         for part in parts:
