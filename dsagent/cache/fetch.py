@@ -479,8 +479,9 @@ async def fetch_bundles(
                 from_store(bundle, lease)
                 return True
             return swarm.unpack(
-                bundle, index, second=second, from_store=functools.partial(from_store, bundle, lease), lease=lease
-            )
+                bundle, index, second=second, from_store=functools.partial(from_store, bundle, lease), lease=lease,
+                writers=writers,
+            )  # fmt: skip
 
     async def after(index: int, finished: bool) -> None:
         if not finished:

@@ -289,15 +289,17 @@ class PeerFetcher:
         *,
         wait: float = 0.0,
         lease: Lease = DEFAULT_ROUTE,
+        writers: int = 1,
     ) -> Outcome:
         """Unpack ``bundle`` into ``staging`` from the first peer that delivers it verified;
         while a peer is downloading it, ask again for up to ``wait`` seconds. Over ``lease``'s
-        link (:mod:`dsagent.cache.fetchlinks`): a peer that fails over it is asked once more over another."""
+        link (:mod:`dsagent.cache.fetchlinks`): a peer that fails over it is asked once more over another.
+        ``writers``: the threads writing its files (:func:`~dsagent.format.bundles.extract.member_writers`)."""
         deadline = time.monotonic() + wait
 
         def fetch_one(peer: str) -> None:
             lease.attempt(
-                lambda address: self._fetch_one(peer, manifest, bundle, staging, progress, address),
+                lambda address: self._fetch_one(peer, manifest, bundle, staging, progress, address, writers=writers),
                 source="peer",
                 size=bundle.size,
                 answers=(PeerRefused,),
@@ -352,6 +354,7 @@ class PeerFetcher:
         address: str | None = None,
         *,
         reader: bool = False,
+        writers: int = 1,
     ) -> None:
         counted = [0, 0]
 
@@ -376,7 +379,7 @@ class PeerFetcher:
                 # the body as the network delivers it: httpx re-chunking to 1 MiB copied every byte
                 # twice more (0.9-1.1 CPU-s per 703 MB received against 0.26-0.42 s unchunked)
                 body = _PeerBody(response.iter_raw(), limit, deadline, self.settings.peer_min_rate, bundle)
-                unpack_bundle_stream(body, manifest, bundle, staging, progress=count)  # type: ignore[arg-type]
+                unpack_bundle_stream(body, manifest, bundle, staging, progress=count, writers=writers)  # type: ignore[arg-type]
         except BaseException:
             progress.add(-counted[0], -counted[1])
             raise

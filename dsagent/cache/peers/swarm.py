@@ -57,16 +57,19 @@ class PeerSwarm:
         second: bool,
         from_store: Callable[[], None],
         lease: Lease = DEFAULT_ROUTE,
+        writers: int = 1,
     ) -> bool:
         """Bring ``bundle`` in from a peer or the store; False: put off (another agent downloads it).
-        A bundle brought in stays claimed until :meth:`recorded`. Peers are asked over ``lease``'s link."""
+        A bundle brought in stays claimed until :meth:`recorded`. Peers are asked over ``lease``'s
+        link; ``writers`` threads write a peer's bundle's files."""
         fetcher = self.fetcher
         if not second:
             self.session.maybe_refresh()
             with fetcher.claim(bundle.digest, "asking") as claim:
                 outcome = fetcher.fetch(
-                    self.session, self.manifest, bundle, index, self.staging, self.progress, lease=lease
-                )
+                    self.session, self.manifest, bundle, index, self.staging, self.progress, lease=lease,
+                    writers=writers,
+                )  # fmt: skip
                 if outcome == "fetching" or (outcome == "none" and not claim.downloading()):
                     return False  # another agent downloads it: the second round waits for it
                 if outcome == "none":
@@ -82,6 +85,7 @@ class PeerSwarm:
             self.progress,
             wait=fetcher.settings.peer_wait,
             lease=lease,
+            writers=writers,
         )
         with fetcher.claim(bundle.digest, "downloading") as claim:
             if outcome != "delivered":
