@@ -1,5 +1,6 @@
-/* Worker threads for a loop object's queue of files (the pack's reader, packloop.c), and
- * the private descriptor table every thread of ours that opens files takes (hashtree.c too).
+/* Worker threads for a loop object's queue of files (the pack's reader, packloop.c; the
+ * unpack's writers, unpackloop.c), and the private descriptor table every thread of ours
+ * that opens files takes (hashtree.c too).
  *
  * Included by dsnative.c before the loops (one translation unit). A pool is started by a
  * loop object the first time it has a queue to share (threads - 1 workers: the calling

@@ -3,8 +3,9 @@
  *
  * Unpacker(dir_fd, names, sizes, mtimes, digests, template, by_name=False, writers=1) takes
  * one bundle's manifest entries in order (names: a sequence of bytes, the member names,
- * copied into a tuple the object owns; sizes: array('Q') bytes; mtimes: array('q') bytes; digests: 16 raw bytes an entry) and the plain header bundles
- * are written with (template: 512 bytes, name, size, mtime and checksum blank).
+ * copied into a tuple the object owns; sizes: array('Q') bytes; mtimes: array('q') bytes;
+ * digests: 16 raw bytes an entry) and the plain header bundles are written with (template:
+ * 512 bytes, name, size, mtime and checksum blank).
  *
  * feed(buffer) -> (consumed, status, a, b) runs over the decompressed tar bytes with the GIL
  * released. It takes only what it can check completely: a plain header (every fixed field
@@ -33,9 +34,11 @@
  * thread, the end, a foreign header, a size refused), and its failures are reported as the
  * first in index order would be alone: files after a failed one in its batch may exist
  * (the caller removes what a failed bundle wrote). A tree of small files is mostly the
- * kernel's creates, one after another on one thread. `next` is the index of the next entry, `written` the bytes
- * of the entries done, `phase` 0 between members, 1 inside a header, 2 inside member data,
- * 3 inside the padding after it (what a stream ending here lacks).
+ * kernel's creates, one after another on one thread.
+ *
+ * `next` is the index of the next entry, `written` the bytes of the entries done, `phase` 0
+ * between members, 1 inside a header, 2 inside member data, 3 inside the padding after it
+ * (what a stream ending here lacks).
  */
 
 enum { PH_HEADER = 0, PH_DATA = 2, PH_PAD = 3 };
