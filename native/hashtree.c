@@ -7,8 +7,8 @@
  * Each thread takes the next 32 files not taken, opens their directory once for a run of
  * them, and reads each file into a page-aligned buffer of its own of `cap` bytes.
  *
- * With `isolate`, each started thread first gives itself a private, empty table of file
- * descriptors (own_fd_table, pool.c, which says why); the calling thread always keeps the
+ * With `isolate`, each started thread first gives itself a private table of file
+ * descriptors holding only the standard streams (own_fd_table, pool.c, which says why); the calling thread always keeps the
  * process's table. The threads are started per call: a digest is one call per 8,192 files.
  *
  * It returns (sizes, mtimes_ns, digests, None): sizes and mtimes as native int64s, 8 bytes

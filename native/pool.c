@@ -5,12 +5,13 @@
  * Included by dsnative.c before the loops (one translation unit). A pool is started by a
  * loop object the first time it has a queue to share (threads - 1 workers: the calling
  * thread works too), runs one queue at a time (pool_run returns once every item is done),
- * and is stopped by the object's close() or its end, so no worker outlives the call that
- * made it (a process that forks later forks no thread). Each worker takes the next
+ * and is stopped by the object's close() (which its Python caller calls in a finally, an
+ * error included) or its end, so no worker outlives the call that made it (a process that
+ * forks later forks no thread). Each worker takes the next
  * POOL_CHUNK items not taken.
  *
  * Each worker first gives itself a table of file descriptors of its own, holding only the
- * loop's directory (own_fd_table): the threads of one process otherwise open and close
+ * standard streams and the loop's directory (own_fd_table): the threads of one process otherwise open and close
  * every file through the one shared table and contend for its lock on many cores (on a
  * 16-core node, 16 threads hashed 50,000 files of 4 KB in 52 ms sharing it, 18 ms each
  * with its own). Where close_range(CLOSE_RANGE_UNSHARE) is refused (Linux before 5.9, a
@@ -39,14 +40,16 @@ static void name_thread(const char *name) {
 #endif
 }
 
-/* This thread's own table of descriptors, holding only `keep` (none when it is < 0). */
+/* This thread's own table of descriptors, holding only the standard streams (0-2: where a
+ * report from this thread goes, a sanitizer's or an I/O hook's, and never a file of ours)
+ * and `keep` (none when it is < 0). */
 static void own_fd_table(int keep) {
 #ifdef SYS_close_range
-    if (keep > 0) {
-        if (syscall(SYS_close_range, 0U, (unsigned)keep - 1, UNSHARE_FDS) == 0)
+    if (keep > 3) {
+        if (syscall(SYS_close_range, 3U, (unsigned)keep - 1, UNSHARE_FDS) == 0)
             (void)syscall(SYS_close_range, (unsigned)keep + 1, ~0U, 0U);
-    } else {
-        (void)syscall(SYS_close_range, keep == 0 ? 1U : 0U, ~0U, UNSHARE_FDS);
+    } else { /* keep is one of 0-3, or none: everything above it and the streams goes */
+        (void)syscall(SYS_close_range, keep == 3 ? 4U : 3U, ~0U, UNSHARE_FDS);
     }
 #else
     (void)keep;

@@ -29,7 +29,7 @@
  * writers > 1: the members whose header, data and padding are all in the buffer are taken
  * a batch at a time and written by that many threads (a pool of the object's own, pool.c:
  * the calling thread and writers - 1 workers, each with its own descriptor table, kept until
- * the object ends); a member cut by the buffer's end is written by the calling thread, as
+ * close() or the object's end); a member cut by the buffer's end is written by the calling thread, as
  * with writers = 1. A batch is written before anything after it (a member of the calling
  * thread, the end, a foreign header, a size refused), and its failures are reported as the
  * first in index order would be alone: files after a failed one in its batch may exist
@@ -134,9 +134,6 @@ static int write_all(int fd, const unsigned char *p, size_t n, PyObject *hook) {
     return 0;
 }
 
-/* Ends the current member once its padding is read too (the Python loop reads the padding
- * before it compares the digest, so a stream cut in the padding is refused as cut by both):
- * digest, mtime, close. 0 or a status (a = index, b = errno). */
 /* Date a written member's file with its mtime and close it: 0, or the errno and *op. */
 static int date_and_close(int fd, long long mtime, int *op) {
     struct timespec ts[2];
@@ -178,6 +175,9 @@ static int create_member(Unpacker *u, Py_ssize_t index) {
     return fd;
 }
 
+/* Ends the current member once its padding is read too (the Python loop reads the padding
+ * before it compares the digest, so a stream cut in the padding is refused as cut by both):
+ * digest, mtime, close. 0 or a status (a = index, b = errno). */
 static int finish_member(Unpacker *u, long long *a, long long *b) {
     unsigned char got[16];
     canonical(xxh3_digest(u->state), got);
@@ -396,6 +396,21 @@ static PyObject *Unpacker_feed(Unpacker *u, PyObject *arg) {
     return Py_BuildValue("(niLL)", (Py_ssize_t)used, st, a, b);
 }
 
+static PyObject *Unpacker_close(Unpacker *u, PyObject *unused) {
+    (void)unused;
+    if (u->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "feed is running in another thread");
+        return NULL;
+    }
+    if (u->pool != NULL) {
+        work_pool *pool = u->pool;
+        u->pool = NULL;
+        Py_BEGIN_ALLOW_THREADS pool_stop(pool);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *Unpacker_skip_to(Unpacker *u, PyObject *arg) {
     Py_ssize_t i = PyLong_AsSsize_t(arg);
     if (i == -1 && PyErr_Occurred()) return NULL;
@@ -526,6 +541,8 @@ fail:
 static PyMethodDef Unpacker_methods[] = {
     {"feed", (PyCFunction)Unpacker_feed, METH_O, "feed(buffer) -> (consumed, status, a, b): see native/unpackloop.c."},
     {"skip_to", (PyCFunction)Unpacker_skip_to, METH_O, "skip_to(index): the caller wrote the entries before index."},
+    {"close", (PyCFunction)Unpacker_close, METH_NOARGS,
+     "close(): the writing threads ended (they end with the object too; a later feed starts them again)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -52,9 +52,10 @@ class _Found(Protocol):
     def ctime_ns(self) -> int: ...
 
 
-#: One record a tree root, in parts of at most :data:`PART_FILES` files. A file of another
+#: One record a tree root, in parts of at most :data:`PART_FILES` files. A file of an older
 #: format (``PRAGMA user_version``; the row-a-file table of earlier releases has 0) is
-#: emptied on open: it is only a cache.
+#: emptied on open: it is only a cache. One of a newer format (a later release shares the
+#: file) is left as it is, read as empty and not written.
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS trees (root TEXT NOT NULL, part INTEGER NOT NULL, record BLOB NOT NULL,"
     " PRIMARY KEY (root, part)) WITHOUT ROWID"
@@ -232,6 +233,7 @@ class DigestCache:
         self.hits = 0
         self.misses = 0
         self._started_ns = time.time_ns()
+        self._newer = False  # the file is of a later release's format (see _SCHEMA)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = self._open()
@@ -253,7 +255,9 @@ class DigestCache:
                 if str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
                     db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=NORMAL")
-                if db.execute("PRAGMA user_version").fetchone()[0] != _FORMAT:  # each statement commits itself
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                self._newer = version > _FORMAT
+                if version < _FORMAT:  # each statement commits itself
                     for table in _OLD_TABLES:
                         db.execute(f"DROP TABLE IF EXISTS {table}")
                     db.execute(_SCHEMA)
@@ -281,6 +285,8 @@ class DigestCache:
         """What is recorded for the tree at ``root`` (one query); files modified from now on
         (less the racy window) will not be recorded."""
         self._started_ns = time.time_ns()
+        if self._newer:
+            return Snapshot(root)
         try:
             rows = self._db.execute("SELECT record FROM trees WHERE root = ? ORDER BY part", (_key(root),)).fetchall()
         except sqlite3.Error as exc:
@@ -307,6 +313,8 @@ class DigestCache:
     ) -> None:  # fmt: skip
         """Record the tree of ``snapshot`` as just digested (every file, 16 raw digest bytes
         each), less its racy files; nothing is written when that is what was recorded."""
+        if self._newer:
+            return
         columns = [_q(sizes), _q(mtimes), _q_inodes(inodes), _q(ctimes)]
         limit = self._started_ns - self.racy_window_ns
         racy = (

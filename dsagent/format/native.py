@@ -330,44 +330,47 @@ def extract_members(
         dir_fd, [p.encode("utf-8", "surrogateescape") for p in paths], members.sizes, members.mtimes,
         members.digests, plain_template(), by_name=by_name, writers=writers,
     )  # fmt: skip
-    while True:
-        view = reader.read(CHUNK_SIZE)
-        if not view:
-            if loop.phase == _IN_DATA:
-                raise IntegrityError(f"{what} is truncated inside a member", hint="re-fetch or re-pack it")
-            raise IntegrityError(f"{what} ends in the middle of a tar record", hint="re-fetch or re-pack it")
-        first, before = loop.next, loop.written
-        used, status, a, b = loop.feed(view)
-        if loop.next != first:
-            seen.update(paths[first : loop.next])
-            written(loop.written - before)
-            if progress is not None:
-                progress(loop.written - before, loop.next - first)
-        if status == _MORE:
-            continue
-        if status == _END:
-            reader.unread(view[used:])
-            return
-        if status == _FOREIGN:
-            reader.unread(a + bytes(view[used:]))
-            index = one_member()
-            if index is None:
+    try:
+        while True:
+            view = reader.read(CHUNK_SIZE)
+            if not view:
+                if loop.phase == _IN_DATA:
+                    raise IntegrityError(f"{what} is truncated inside a member", hint="re-fetch or re-pack it")
+                raise IntegrityError(f"{what} ends in the middle of a tar record", hint="re-fetch or re-pack it")
+            first, before = loop.next, loop.written
+            used, status, a, b = loop.feed(view)
+            if loop.next != first:
+                seen.update(paths[first : loop.next])
+                written(loop.written - before)
+                if progress is not None:
+                    progress(loop.written - before, loop.next - first)
+            if status == _MORE:
+                continue
+            if status == _END:
+                reader.unread(view[used:])
                 return
-            if index != loop.next:  # out of order: the Python loop's rules for the rest
-                rest()
-                return
-            loop.skip_to(index + 1)
-            continue
-        if status == _SIZE:
-            raise IntegrityError(f"{what}: {paths[a]!r} has {b} bytes, the manifest says {members.sizes[a]}")
-        if status == _DIGEST:
-            raise IntegrityError(
-                f"{what}: {paths[a]!r} does not match its digest",
-                hint="the bundle is corrupt or was tampered with; re-pack the dataset",
-            )
-        if loop.failed_op == _FAILED_CREATE:
-            raise OSError(b, os.strerror(b), path(a))
-        raise OSError(b, os.strerror(b))
+            if status == _FOREIGN:
+                reader.unread(a + bytes(view[used:]))
+                index = one_member()
+                if index is None:
+                    return
+                if index != loop.next:  # out of order: the Python loop's rules for the rest
+                    rest()
+                    return
+                loop.skip_to(index + 1)
+                continue
+            if status == _SIZE:
+                raise IntegrityError(f"{what}: {paths[a]!r} has {b} bytes, the manifest says {members.sizes[a]}")
+            if status == _DIGEST:
+                raise IntegrityError(
+                    f"{what}: {paths[a]!r} does not match its digest",
+                    hint="the bundle is corrupt or was tampered with; re-pack the dataset",
+                )
+            if loop.failed_op == _FAILED_CREATE:
+                raise OSError(b, os.strerror(b), path(a))
+            raise OSError(b, os.strerror(b))
+    finally:
+        loop.close()  # its writing threads end here, an error included: none outlives the call
 
 
 def set_io_hook(hook: Callable[[str, int, bytes | None], object] | None) -> None:

@@ -94,7 +94,7 @@ class Injector:
     def under(self, path: Any) -> str | None:
         if isinstance(path, int):
             try:
-                name = os.readlink(f"/proc/self/fd/{path}")
+                name = os.readlink(f"/proc/thread-self/fd/{path}")  # this thread's table: a C writer's own
             except OSError:
                 return None
         elif isinstance(path, (str, bytes, os.PathLike)):
@@ -156,8 +156,11 @@ class Injector:
             # (and fails, or kills at) each create and write as the wrappers below do
             def c_io(kind: str, fd: int, name: bytes | None) -> None:
                 if self.armed and kind in self.counted:
-                    self.native_ops += 1
-                hit(kind, fd if name is None else os.path.join(os.readlink(f"/proc/self/fd/{fd}"), os.fsdecode(name)))
+                    with self._lock:  # the C loop's writers call it from several threads
+                        self.native_ops += 1
+                # a writer of the C loop has a descriptor table of its own: this thread's is read
+                where = fd if name is None else os.readlink(f"/proc/thread-self/fd/{fd}")
+                hit(kind, where if name is None else os.path.join(where, os.fsdecode(name)))
 
             native.set_io_hook(c_io)
             self._undo.append(lambda: native.set_io_hook(None))

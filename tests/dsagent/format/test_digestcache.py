@@ -267,3 +267,21 @@ def test_a_record_the_pure_loop_wrote_in_walk_order_answers_the_native_loop(tmp_
             assert build_manifest(tree, name="d", digest_cache=cache, native=False) == digested
         assert reads.opened == set()
     assert recorded != sorted(recorded)  # the case this test is about
+
+
+def test_a_cache_of_a_later_release_is_left_as_it_is(tree: Path, tmp_path: Path) -> None:
+    """Two releases sharing one cache file: this one reads a later format as empty and
+    writes nothing, rather than emptying it for the other."""
+    db = sqlite3.connect(tmp_path / "cache.sqlite")
+    db.execute("CREATE TABLE later (x)")
+    db.execute("PRAGMA user_version = 99")
+    db.close()
+    with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache, OpenWatch(tree) as reads:
+        manifest = build_manifest(tree, name="d", digest_cache=cache)
+        assert len(cache.snapshot(str(tree))) == 0
+    assert len(reads.opened) == 30 and manifest == build_manifest(tree, name="d")
+    db = sqlite3.connect(tmp_path / "cache.sqlite")
+    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    db.close()
+    assert tables == {"later"} and version == 99

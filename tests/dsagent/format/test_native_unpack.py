@@ -566,3 +566,69 @@ def test_the_unpacker_refuses_writers_it_cannot_have(small: tuple[Path, Manifest
     for writers in (0, -1, 65):
         with pytest.raises(ValueError, match="writers must be 1 to 64"):
             with_native.Unpacker(0, [p.encode() for p in paths], writers=writers, **columns)
+
+
+def test_no_writer_thread_outlives_a_failed_unpack(
+    small: tuple[Path, Manifest], tmp_path: Path, with_native: ModuleType
+) -> None:
+    """The error keeps its traceback, and so the C object, alive: its writing threads ended
+    anyway (a process that forks later must not fork without them)."""
+    store, manifest = small
+    path = Path(bundle_path(str(store), manifest.bundles[0].digest))
+    tar = zstandard.ZstdDecompressor().decompressobj().decompress(path.read_bytes())
+    _replace_bundle(store, manifest, tar.replace(b"B" * 700, b"X" * 700))
+    before = len(os.listdir("/proc/self/task"))
+    (tmp_path / "out").mkdir()
+    with pytest.raises(DsagentError) as caught:
+        unpack_bundle(store, manifest, manifest.bundles[0], tmp_path / "out", writers=4)
+    assert caught.value.__traceback__ is not None
+    assert len(os.listdir("/proc/self/task")) == before
+
+
+def test_a_hook_on_a_writer_thread_sees_its_files_and_the_standard_streams(
+    tmp_path: Path, with_native: ModuleType, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Each writer has a descriptor table of its own: a file it writes is found in that
+    thread's table, and a report to stderr from it (a hook's, a sanitizer's) reaches stderr,
+    not one of the files."""
+    files = {f"c{i % 4}/{i:03d}.jpg": os.urandom(100 + i) for i in range(128)}
+    store = tmp_path / "store"
+    manifest = pack(write_tree(tmp_path / "src", files), store, name="d")
+    out = tmp_path / "out"
+    out.mkdir()
+    written: list[str] = []
+
+    def report(kind: str, fd: int, name: bytes | None) -> None:
+        if kind == "write":
+            written.append(os.readlink(f"/proc/thread-self/fd/{fd}"))
+        os.write(2, b".")
+
+    with_native.set_io_hook(report)
+    try:
+        unpack_bundle(store, manifest, manifest.bundles[0], out, writers=4)
+    finally:
+        with_native.set_io_hook(None)
+    staged = f"{out}/{extract.STAGING_DIR}/"  # each file written under its index, renamed once all are
+    assert len(set(written)) == len(files) and all(p.startswith(staged) for p in written), written[:4]
+    assert {k: v[0] for k, v in _files(out).items()} == files
+    assert capfd.readouterr().err.count(".") >= 2 * len(files)
+
+
+def test_the_fault_injector_counts_every_create_and_write_of_the_writers(
+    tmp_path: Path, with_native: ModuleType
+) -> None:
+    """The injector finds a writer's file in that thread's own descriptor table: every
+    create and every write of the bundle is counted under the target, none lost."""
+    from tools.support.faults import Injector
+
+    files = {f"c{i % 4}/{i:03d}.jpg": os.urandom(100 + i) for i in range(256)}
+    store = tmp_path / "store"
+    manifest = pack(write_tree(tmp_path / "src", files), store, name="d")
+    target = tmp_path / "out"
+    target.mkdir()
+    injector = Injector(target, kinds=("open", "write"))
+    injector.root = os.path.realpath(target) + "/"
+    with injector:
+        unpack_bundle(store, manifest, manifest.bundles[0], target, writers=4, durable=False)
+    members = [path for _, path in injector.ops if path.rsplit("/", 1)[-1].isdigit()]
+    assert len(members) == 2 * len(files)  # a create and a write each
