@@ -377,12 +377,7 @@ static PyObject *TarReader_close(TarReader *r, PyObject *unused) {
         PyErr_SetString(PyExc_RuntimeError, "fill is running in another thread");
         return NULL;
     }
-    if (r->pool != NULL) {
-        work_pool *pool = r->pool;
-        r->pool = NULL;
-        Py_BEGIN_ALLOW_THREADS pool_stop(pool);
-        Py_END_ALLOW_THREADS
-    }
+    pool_release(&r->pool);
     Py_RETURN_NONE;
 }
 

@@ -150,3 +150,13 @@ static void pool_stop(work_pool *pool) {
     pthread_mutex_destroy(&pool->lock);
     free(pool);
 }
+
+/* A loop object's close(): its pool (at *slot, taken out of it) stopped without the GIL; a
+ * later queue starts another. Call with the GIL held. */
+static void pool_release(work_pool **slot) {
+    work_pool *pool = *slot;
+    *slot = NULL;
+    if (pool == NULL) return;
+    Py_BEGIN_ALLOW_THREADS pool_stop(pool);
+    Py_END_ALLOW_THREADS
+}

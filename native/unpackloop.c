@@ -402,12 +402,7 @@ static PyObject *Unpacker_close(Unpacker *u, PyObject *unused) {
         PyErr_SetString(PyExc_RuntimeError, "feed is running in another thread");
         return NULL;
     }
-    if (u->pool != NULL) {
-        work_pool *pool = u->pool;
-        u->pool = NULL;
-        Py_BEGIN_ALLOW_THREADS pool_stop(pool);
-        Py_END_ALLOW_THREADS
-    }
+    pool_release(&u->pool);
     Py_RETURN_NONE;
 }
 
