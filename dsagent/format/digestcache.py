@@ -29,7 +29,7 @@ import struct
 import sys
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -75,6 +75,8 @@ _MAGIC = b"dsdc\x001\x00\x00"
 OPEN_WAIT_S = 30.0
 
 Column = Sequence[int]
+if TYPE_CHECKING:
+    Columns = tuple[array[int], array[int], array[int], array[int]]
 
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
@@ -101,7 +103,7 @@ class Snapshot:
         self,
         root: str,
         paths: list[str] | None = None,
-        columns: tuple[array[int], array[int], array[int], array[int]] | None = None,
+        columns: Columns | None = None,
         digests: bytes = b"",
     ) -> None:
         self.root = root
@@ -173,10 +175,6 @@ def _encode(paths: Sequence[str], columns: Sequence[array[int]], digests: bytes)
         parts.append(column.tobytes())
     parts.append(digests)
     return b"".join(parts)
-
-
-if TYPE_CHECKING:
-    Columns = tuple[array[int], array[int], array[int], array[int]]
 
 
 def _decode(record: bytes) -> tuple[list[str], Columns, bytes] | None:
@@ -309,10 +307,11 @@ class DigestCache:
 
     def store(
         self, snapshot: Snapshot, paths: Sequence[str], sizes: Column, mtimes: Column, inodes: Column,
-        ctimes: Column, digests: bytes,
+        ctimes: Column, digests: bytes, *, leave_out: Collection[int] = (),
     ) -> None:  # fmt: skip
         """Record the tree of ``snapshot`` as just digested (every file, 16 raw digest bytes
-        each), less its racy files; nothing is written when that is what was recorded."""
+        each), less its racy files and the files at the indexes ``leave_out`` (read as other
+        than they were listed); nothing is written when that is what was recorded."""
         if self._newer:
             return
         columns = [_q(sizes), _q(mtimes), _q_inodes(inodes), _q(ctimes)]
@@ -322,8 +321,8 @@ class DigestCache:
             if paths and max(max(columns[1]), max(columns[3])) >= limit
             else []
         )
-        if racy:
-            keep = sorted(set(range(len(paths))) - set(racy))
+        if racy or leave_out:
+            keep = sorted(set(range(len(paths))) - set(racy) - set(leave_out))
             paths = [paths[i] for i in keep]
             columns = [array("q", [column[i] for i in keep]) for column in columns]
             digests = b"".join(digests[16 * i : 16 * i + 16] for i in keep)

@@ -373,14 +373,8 @@ def _cached_tree_digest(
             progress(sum(got_sizes), len(batch))
     raw = bytes(digests)
     cache.record(hits=len(paths) - len(misses), misses=len(misses))
-    if moved:  # a file that changed between its stat and its read is not recorded
-        keep = sorted(set(range(len(paths))) - set(moved))
-        cache.store(
-            snapshot, [paths[k] for k in keep], [sizes[k] for k in keep], [mtimes[k] for k in keep],
-            [inodes[k] for k in keep], [ctimes[k] for k in keep], b"".join(raw[16 * k : 16 * k + 16] for k in keep),
-        )  # fmt: skip
-    else:
-        cache.store(snapshot, paths, sizes, mtimes, inodes, ctimes, raw)
+    # a file that changed between its stat and its read is not recorded
+    cache.store(snapshot, paths, sizes, mtimes, inodes, ctimes, raw, leave_out=moved)
     table = EntryTableBuilder()
     table.add_raw(paths, read_sizes, read_mtimes, raw)
     return table.build()
