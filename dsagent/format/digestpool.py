@@ -234,13 +234,13 @@ class ProcessPool:
 
     def __init__(self, processes: int, snapshot: Snapshot | None) -> None:
         self._processes = processes
-        self._cached = snapshot
-        self._snapshot = snapshot.rows() if snapshot is not None else None  # made before the fork
+        self._snapshot = snapshot
 
     def digest(self, groups: Iterable[Dir], cache: DigestCache | None, progress: Progress | None) -> EntryTable:
         import multiprocessing  # here: `dsctl digest` of a few files forks nothing
 
         context = multiprocessing.get_context("fork")
+        rows = self._snapshot.rows() if self._snapshot is not None else None  # made once, before the fork
         workers: list[tuple[BaseProcess, Connection]] = []
         done = False
         try:
@@ -249,7 +249,7 @@ class ProcessPool:
                 inherited = [conn for _, conn in workers] + [mine]
                 process = context.Process(
                     target=_serve,
-                    args=(theirs, self._snapshot, inherited),
+                    args=(theirs, rows, inherited),
                     name="dsagent-digest",
                     daemon=True,
                 )
@@ -261,9 +261,9 @@ class ProcessPool:
         finally:
             _stop(workers, kill=not done)
         if cache is not None:
-            assert self._cached is not None
+            assert self._snapshot is not None
             cache.record(hits=len(entries) - len(fresh), misses=len(fresh))
-            cache.store_found(self._cached, entries.paths, entries.sizes, entries.mtimes, entries.digests, fresh)
+            cache.store_found(self._snapshot, entries.paths, entries.sizes, entries.mtimes, entries.digests, fresh)
         return entries
 
     def _run(
