@@ -451,7 +451,7 @@ async def fetch_bundles(
                         address,
                         progress=count,
                         writers=writers,
-                    )  # fmt: skip
+                    )
                 )
                 return
             except RangesUnsupported as exc:
