@@ -33,6 +33,8 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+import xxhash
+
 from dsagent.errors import SourceUnavailable
 from dsagent.format.walk import signed_inode
 
@@ -60,9 +62,11 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS trees (root TEXT NOT NULL, part INTEGER NOT NULL, record BLOB NOT NULL,"
     " PRIMARY KEY (root, part)) WITHOUT ROWID"
 )
-#: Files a part of a record holds: about 80 MB, well under SQLite's 1 GB limit on a value
-#: (a tree of 14 million files, ImageNet-21k's size, is 14 parts).
-PART_FILES = 1 << 20
+#: Files a part of a record holds: about 5 MB, far under SQLite's 1 GB limit on a value. A
+#: digest writes only the parts whose bytes changed: one file changed in a tree of 14 million
+#: files (ImageNet-21k's size, 214 parts) rewrites one part, not 1.1 GB; a file added or
+#: removed rewrites its part and the parts after it, whose files it shifts.
+PART_FILES = 1 << 16
 _FORMAT = 2
 _OLD_TABLES = ("digests", "trees")
 
@@ -105,11 +109,14 @@ class Snapshot:
         paths: list[str] | None = None,
         columns: Columns | None = None,
         digests: bytes = b"",
+        parts: Sequence[bytes] = (),
     ) -> None:
         self.root = root
         self.paths = paths if paths is not None else []
         self.sizes, self.mtimes, self.inodes, self.ctimes = columns or (array("q"),) * 4
         self.digests = digests
+        #: what the record's parts hold, each part's bytes hashed: the parts a store leaves as they are
+        self.parts = tuple(parts)
         self._rows: dict[str, tuple[int, int, int, int, str]] | None = None
         self._where: dict[str, int] | None = None
 
@@ -197,13 +204,19 @@ def _decode(record: bytes) -> tuple[list[str], Columns, bytes] | None:
     return paths, (columns[0], columns[1], columns[2], columns[3]), record[at + 32 * count :]
 
 
+def _part_digest(record: bytes) -> bytes:
+    """What a part's bytes hash to: a part whose new bytes hash the same is not written again."""
+    return xxhash.xxh3_128_digest(record)
+
+
 def _joined(root: str, records: Sequence[bytes]) -> Snapshot:
     """The snapshot a record's parts hold, in order; an empty one when a part does not add up."""
     parts = [_decode(record) for record in records]
     if not parts:
         return Snapshot(root)
+    hashed = [_part_digest(record) for record in records]
     if len(parts) == 1 and parts[0] is not None:
-        return Snapshot(root, *parts[0])
+        return Snapshot(root, *parts[0], parts=hashed)
     paths: list[str] = []
     columns: Columns = (array("q"), array("q"), array("q"), array("q"))
     digests = bytearray()
@@ -214,7 +227,7 @@ def _joined(root: str, records: Sequence[bytes]) -> Snapshot:
         for column, more in zip(columns, part[1]):
             column.extend(more)
         digests += part[2]
-    return Snapshot(root, paths, columns, bytes(digests))
+    return Snapshot(root, paths, columns, bytes(digests), hashed)
 
 
 def _key(root: str) -> str:
@@ -311,7 +324,9 @@ class DigestCache:
     ) -> None:  # fmt: skip
         """Record the tree of ``snapshot`` as just digested (every file, 16 raw digest bytes
         each), less its racy files and the files at the indexes ``leave_out`` (read as other
-        than they were listed); nothing is written when that is what was recorded."""
+        than they were listed). Only the parts (:data:`PART_FILES`) whose bytes are not
+        what ``snapshot`` read are written, and the parts past the new last one dropped:
+        nothing is written when the tree is as recorded."""
         if self._newer:
             return
         columns = [_q(sizes), _q(mtimes), _q_inodes(inodes), _q(ctimes)]
@@ -332,15 +347,22 @@ class DigestCache:
         ):  # fmt: skip
             return
         key = _key(snapshot.root)
-        parts = [
-            (key, part, _encode(paths[first : first + PART_FILES], [c[first : first + PART_FILES] for c in columns],
-                                digests[16 * first : 16 * (first + PART_FILES)]))
-            for part, first in enumerate(range(0, max(1, len(paths)), PART_FILES))
+        records = [
+            _encode(paths[first : first + PART_FILES], [c[first : first + PART_FILES] for c in columns],
+                    digests[16 * first : 16 * (first + PART_FILES)])
+            for first in range(0, max(1, len(paths)), PART_FILES)
         ]  # fmt: skip
+        had = snapshot.parts
+        changed = [
+            (key, part, record)
+            for part, record in enumerate(records)
+            if part >= len(had) or _part_digest(record) != had[part]
+        ]
         try:
             with self._db:
-                self._db.execute("DELETE FROM trees WHERE root = ?", (key,))
-                self._db.executemany("INSERT INTO trees VALUES (?, ?, ?)", parts)
+                # past the new last part: what a larger tree, or a part that did not add up, left
+                self._db.execute("DELETE FROM trees WHERE root = ? AND part >= ?", (key, len(records)))
+                self._db.executemany("INSERT OR REPLACE INTO trees VALUES (?, ?, ?)", changed)
         except sqlite3.Error as exc:
             raise SourceUnavailable(
                 f"cannot write the digest cache {self.path}: {exc}", hint="delete it; it is only a cache"

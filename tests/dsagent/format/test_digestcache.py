@@ -4,6 +4,7 @@ by the native loops as by the pure ones (threads, and the forked processes of a 
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -234,7 +235,8 @@ def test_a_file_changed_between_its_stat_and_its_read_is_taken_as_read_and_not_r
 
 def test_a_big_tree_is_recorded_in_parts(tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A record is cut into parts (SQLite refuses a value over 1 GB: a tree of 14 million
-    files would be one), read back as one, and rewritten whole when the tree shrinks."""
+    files would be one), read back as one, and its parts past the new last one dropped when
+    the tree shrinks."""
     monkeypatch.setattr(digestcache, "PART_FILES", 7)
     with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache:
         first = build_manifest(tree, name="d", digest_cache=cache)
@@ -249,6 +251,85 @@ def test_a_big_tree_is_recorded_in_parts(tree: Path, tmp_path: Path, monkeypatch
     parts = [part for (part,) in db.execute("SELECT part FROM trees ORDER BY part")]
     db.close()
     assert parts == [0, 1]  # 10 files: two parts, the five of the 30-file record gone
+
+
+def written_parts(cache: DigestCache) -> list[int]:
+    """Starts listening to ``cache``'s statements: the parts its writes insert, in order."""
+    parts: list[int] = []
+
+    def trace(statement: str) -> None:
+        found = re.match(r"INSERT OR REPLACE INTO trees VALUES \('[^']*', (\d+),", statement)
+        if found:
+            parts.append(int(found.group(1)))
+
+    cache._db.set_trace_callback(trace)
+    return parts
+
+
+def test_a_changed_file_rewrites_only_its_part(
+    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, digest: Callable[..., Manifest]
+) -> None:
+    """A file changed in a tree of many parts rewrites the one part that holds it (a tree of
+    14 million files would otherwise write 1.1 GB for one file); an unchanged tree writes none."""
+    monkeypatch.setattr(digestcache, "PART_FILES", 7)
+    with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache:
+        first = digest(tree, cache)
+        record = cache.snapshot(str(tree))
+        assert len(record.parts) == 5  # 30 files, 7 a part
+        parts = written_parts(cache)
+        assert digest(tree, cache) == first
+        assert parts == []
+        changed = record.paths[16]  # the record's third part, in whatever order the loop wrote it
+        (tree / changed).write_bytes(b"changed")
+        manifest = digest(tree, cache)
+        assert parts == [2]
+        assert manifest == build_manifest(tree, name="d", native=False)
+        with OpenWatch(tree) as reads:
+            assert digest(tree, cache) == manifest
+        assert reads.opened == set()
+
+
+def test_a_file_added_rewrites_its_part_and_the_parts_after_it(
+    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files after an added one shift by one: their parts are written, the ones before it are not."""
+    monkeypatch.setattr(digestcache, "PART_FILES", 7)
+    with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache:
+        build_manifest(tree, name="d", digest_cache=cache)
+        assert cache.snapshot(str(tree)).paths[14:16] == ["c1/19.jpg", "c1/22.jpg"]  # path order
+        parts = written_parts(cache)
+        (tree / "c1" / "20.jpg").write_bytes(b"new")  # between the 15th and the 16th file: part 2
+        manifest = build_manifest(tree, name="d", digest_cache=cache)
+        assert parts == [2, 3, 4]  # 31 files: parts 2 to 4 shift, 0 and 1 stay
+        assert len(cache.snapshot(str(tree))) == 31
+        with OpenWatch(tree) as reads:
+            assert build_manifest(tree, name="d", digest_cache=cache) == manifest
+        assert reads.opened == set()
+
+
+def test_a_part_that_does_not_add_up_is_replaced_with_every_other(
+    tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record with a part that does not add up reads as empty, so the next digest reads
+    every file and writes the whole record again, leaving no part of the old one behind."""
+    monkeypatch.setattr(digestcache, "PART_FILES", 7)
+    path = tmp_path / "cache.sqlite"
+    with DigestCache(path, racy_window_ns=0) as cache:
+        first = build_manifest(tree, name="d", digest_cache=cache)
+    db = sqlite3.connect(path)
+    with db:
+        db.execute("UPDATE trees SET record = x'00' WHERE part = 1")
+        db.execute("INSERT INTO trees SELECT root, 9, record FROM trees WHERE part = 0")  # a stray part past the end
+    db.close()
+    with DigestCache(path, racy_window_ns=0) as cache:
+        assert len(cache.snapshot(str(tree))) == 0
+        with OpenWatch(tree) as reads:
+            assert build_manifest(tree, name="d", digest_cache=cache) == first
+        assert len(reads.opened) == 30
+        assert len(cache.snapshot(str(tree))) == 30
+    db = sqlite3.connect(path)
+    assert [part for (part,) in db.execute("SELECT part FROM trees ORDER BY part")] == [0, 1, 2, 3, 4]
+    db.close()
 
 
 @pytest.mark.skipif(not native.AVAILABLE, reason="the native loops are not built")
