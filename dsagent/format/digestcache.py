@@ -54,7 +54,7 @@ class _Found(Protocol):
     def ctime_ns(self) -> int: ...
 
 
-#: One record a tree root, in parts of at most :data:`PART_FILES` files. A file of an older
+#: One record a tree root, in parts (:func:`part_starts`). A file of an older
 #: format (``PRAGMA user_version``; the row-a-file table of earlier releases has 0) is
 #: emptied on open: it is only a cache. One of a newer format (a later release shares the
 #: file) is left as it is, read as empty and not written.
@@ -62,11 +62,33 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS trees (root TEXT NOT NULL, part INTEGER NOT NULL, record BLOB NOT NULL,"
     " PRIMARY KEY (root, part)) WITHOUT ROWID"
 )
-#: Files a part of a record holds: about 5 MB, far under SQLite's 1 GB limit on a value. A
-#: digest writes only the parts whose bytes changed: one file changed in a tree of 14 million
-#: files (ImageNet-21k's size, 214 parts) rewrites one part, not 1.1 GB; a file added or
-#: removed rewrites its part and the parts after it, whose files it shifts.
+#: Files a part of a record holds at least (about 5 MB), unless it is the last: a digest
+#: writes only the parts whose bytes changed, so one file changed in a tree of 14 million
+#: files (ImageNet-21k's size, about 214 parts) rewrites one part, not 1.1 GB.
 PART_FILES = 1 << 16
+#: Files a part holds at most, whatever its directories (far under SQLite's 1 GB limit on a value)
+PART_FILES_MAX = 4 * PART_FILES
+
+
+def part_starts(paths: Sequence[str]) -> list[int]:
+    """Where each part of a record of ``paths`` starts: a part ends at the first change of
+    directory once it holds :data:`PART_FILES` files (or at :data:`PART_FILES_MAX`). Its
+    ends are the tree's own, not counts: a file added to or removed from a directory
+    changes its part alone, where parts cut every so many files would all shift after it.
+    (Both loops record a directory's files together.)"""
+    starts = [0]
+    count = len(paths)
+    while starts[-1] + PART_FILES < count:
+        end, limit = starts[-1] + PART_FILES, min(count, starts[-1] + PART_FILES_MAX)
+        here = paths[end - 1].rpartition("/")[0]
+        while end < limit and paths[end].rpartition("/")[0] == here:
+            end += 1
+        if end >= count:
+            break
+        starts.append(end)
+    return starts
+
+
 _FORMAT = 2
 _OLD_TABLES = ("digests", "trees")
 
@@ -324,7 +346,7 @@ class DigestCache:
     ) -> None:  # fmt: skip
         """Record the tree of ``snapshot`` as just digested (every file, 16 raw digest bytes
         each), less its racy files and the files at the indexes ``leave_out`` (read as other
-        than they were listed). Only the parts (:data:`PART_FILES`) whose bytes are not
+        than they were listed). Only the parts (:func:`part_starts`) whose bytes are not
         what ``snapshot`` read are written, and the parts past the new last one dropped:
         nothing is written when the tree is as recorded."""
         if self._newer:
@@ -347,11 +369,11 @@ class DigestCache:
         ):  # fmt: skip
             return
         key = _key(snapshot.root)
+        starts = part_starts(paths)
         records = [
-            _encode(paths[first : first + PART_FILES], [c[first : first + PART_FILES] for c in columns],
-                    digests[16 * first : 16 * (first + PART_FILES)])
-            for first in range(0, max(1, len(paths)), PART_FILES)
-        ]  # fmt: skip
+            _encode(paths[first:end], [c[first:end] for c in columns], digests[16 * first : 16 * end])
+            for first, end in zip(starts, [*starts[1:], len(paths)])
+        ]
         had = snapshot.parts
         changed = [
             (key, part, record)

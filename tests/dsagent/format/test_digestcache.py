@@ -240,17 +240,33 @@ def test_a_big_tree_is_recorded_in_parts(tree: Path, tmp_path: Path, monkeypatch
     monkeypatch.setattr(digestcache, "PART_FILES", 7)
     with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache:
         first = build_manifest(tree, name="d", digest_cache=cache)
+        assert len(cache.snapshot(str(tree)).parts) == 3  # a directory of 10 files a part
         with OpenWatch(tree) as reads:
             assert build_manifest(tree, name="d", digest_cache=cache) == first
         assert reads.opened == set()
-        for path in sorted(tree.rglob("*.jpg"))[:20]:
+        for path in sorted(tree.rglob("*.jpg"))[:20]:  # c0 and c1
             path.unlink()
         build_manifest(tree, name="d", digest_cache=cache)
         assert len(cache.snapshot(str(tree))) == 10
     db = sqlite3.connect(tmp_path / "cache.sqlite")
     parts = [part for (part,) in db.execute("SELECT part FROM trees ORDER BY part")]
     db.close()
-    assert parts == [0, 1]  # 10 files: two parts, the five of the 30-file record gone
+    assert parts == [0]  # 10 files: one part, the other two of the 30-file record gone
+
+
+def test_parts_end_where_a_directory_does() -> None:
+    """A part ends at the first change of directory past PART_FILES files, or at
+    PART_FILES_MAX files in a directory that long; the last part holds what is left."""
+    tree = [f"a/{i:02}" for i in range(10)] + [f"b/c/{i:02}" for i in range(3)] + [f"d/{i:02}" for i in range(25)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(digestcache, "PART_FILES", 4)
+        patch.setattr(digestcache, "PART_FILES_MAX", 8)
+        # a's first 8 (the most a part holds); a's last 2 with b/c's 3 (at least 4 before a
+        # directory ends the part); d's 25 as 8, 8, 8 and 1
+        assert digestcache.part_starts(tree) == [0, 8, 13, 21, 29, 37]
+        assert digestcache.part_starts(tree[:10] + ["e"]) == [0, 8]
+        assert digestcache.part_starts(tree[:4]) == [0]
+        assert digestcache.part_starts([]) == [0]
 
 
 def written_parts(cache: DigestCache) -> list[int]:
@@ -275,36 +291,40 @@ def test_a_changed_file_rewrites_only_its_part(
     with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache:
         first = digest(tree, cache)
         record = cache.snapshot(str(tree))
-        assert len(record.parts) == 5  # 30 files, 7 a part
+        assert len(record.parts) == 3  # 30 files in 3 directories, 7 a part at least
         parts = written_parts(cache)
         assert digest(tree, cache) == first
         assert parts == []
-        changed = record.paths[16]  # the record's third part, in whatever order the loop wrote it
+        changed = record.paths[16]  # in the record's second part, in whatever order the loop wrote it
         (tree / changed).write_bytes(b"changed")
         manifest = digest(tree, cache)
-        assert parts == [2]
+        assert parts == [1]
         assert manifest == build_manifest(tree, name="d", native=False)
         with OpenWatch(tree) as reads:
             assert digest(tree, cache) == manifest
         assert reads.opened == set()
 
 
-def test_a_file_added_rewrites_its_part_and_the_parts_after_it(
+def test_a_file_added_or_removed_rewrites_only_its_directorys_part(
     tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The files after an added one shift by one: their parts are written, the ones before it are not."""
+    """Parts end where directories do: a file added shifts the files after it, but only its
+    own part's bytes change; one removed likewise."""
     monkeypatch.setattr(digestcache, "PART_FILES", 7)
     with DigestCache(tmp_path / "cache.sqlite", racy_window_ns=0) as cache:
         build_manifest(tree, name="d", digest_cache=cache)
-        assert cache.snapshot(str(tree)).paths[14:16] == ["c1/19.jpg", "c1/22.jpg"]  # path order
         parts = written_parts(cache)
-        (tree / "c1" / "20.jpg").write_bytes(b"new")  # between the 15th and the 16th file: part 2
-        manifest = build_manifest(tree, name="d", digest_cache=cache)
-        assert parts == [2, 3, 4]  # 31 files: parts 2 to 4 shift, 0 and 1 stay
-        assert len(cache.snapshot(str(tree))) == 31
+        (tree / "c1" / "20.jpg").write_bytes(b"new")
+        added = build_manifest(tree, name="d", digest_cache=cache)
+        assert parts == [1]  # c1's part: c0's and c2's stay
+        (tree / "c0" / "3.jpg").unlink()
+        removed = build_manifest(tree, name="d", digest_cache=cache)
+        assert parts == [1, 0]
+        assert len(cache.snapshot(str(tree))) == 30
         with OpenWatch(tree) as reads:
-            assert build_manifest(tree, name="d", digest_cache=cache) == manifest
+            assert build_manifest(tree, name="d", digest_cache=cache) == removed
         assert reads.opened == set()
+    assert (added.file_count, removed.file_count) == (31, 30)
 
 
 def test_a_part_that_does_not_add_up_is_replaced_with_every_other(
@@ -328,7 +348,7 @@ def test_a_part_that_does_not_add_up_is_replaced_with_every_other(
         assert len(reads.opened) == 30
         assert len(cache.snapshot(str(tree))) == 30
     db = sqlite3.connect(path)
-    assert [part for (part,) in db.execute("SELECT part FROM trees ORDER BY part")] == [0, 1, 2, 3, 4]
+    assert [part for (part,) in db.execute("SELECT part FROM trees ORDER BY part")] == [0, 1, 2]
     db.close()
 
 
