@@ -74,8 +74,7 @@ def part_starts(paths: Sequence[str]) -> list[int]:
     """Where each part of a record of ``paths`` starts: a part ends at the first change of
     directory once it holds :data:`PART_FILES` files (or at :data:`PART_FILES_MAX`). Its
     ends are the tree's own, not counts: a file added to or removed from a directory
-    changes its part alone, where parts cut every so many files would all shift after it.
-    (Both loops record a directory's files together.)"""
+    changes its part alone, where parts cut every so many files would all shift after it."""
     starts = [0]
     count = len(paths)
     while starts[-1] + PART_FILES < count:
