@@ -26,6 +26,7 @@ TABLES = {
     "bundle": ["digest", "pack", "unpack", "ratio (dsagent / C throughput)"],
     "cache": ["baseline per-file copy:", "dsagent without bundles:", "dsagent with bundles:"],
     "digest": ["dsagent build_manifest", "ratio of medians (dsagent / C)"],
+    "digestcache": ["parts", "whole", "ratio of medians (whole / parts)"],
     "extender": ["p50 ms", "p99 ms", "names     100"],
     "controller": ["node object bytes added max:", "pass s", "peak RSS MiB", "goal: <= 1024 B added per Node"],
     "webhook": ["median s", "slowest s", "watch", "an admission with the Nodes watched is", "process peaks at"],

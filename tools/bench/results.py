@@ -1,5 +1,5 @@
 """Turns the benchmarks' JSON (``--json`` of bundle.py, ready.py, loader.py, gpu_train.py,
-extender.py, controller.py, webhook.py, agent_writes.py) into the
+extender.py, controller.py, webhook.py, agent_writes.py, digestcache.py) into the
 performance page, docs/results-performance.md, and the README's figures (the block between
 ``<!-- figures:begin -->`` and ``<!-- figures:end -->``: each ratio that has a goal).
 
@@ -47,9 +47,10 @@ _TITLES = {
     "controller": "Dataset controller: one pass by cluster size, and what a Node carries",
     "webhook": "Admission webhook: the RoCE class vote by cluster size",
     "agent_writes": "Node agents' writes of their state under churn",
+    "digestcache": "The digest cache: recording a big tree again after one file changed",
 }
 #: the order of the sections (and of the README's figures)
-_ORDER = ("bundle", "ready", "loader", "gpu_train", "extender", "controller", "webhook", "agent_writes")
+_ORDER = ("bundle", "ready", "loader", "gpu_train", "extender", "controller", "webhook", "agent_writes", "digestcache")
 
 #: what a section's reader needs before its figures: where they come from
 _NOTES = {
@@ -94,6 +95,14 @@ sends) through an hour of pod starts and ends, cache hits, fetches and evictions
 rates its docstring gives and justifies. Writes per node-hour count the `NodeCache` and
 the Node's free-GPU annotation together; the ratio is the goal (360, one write per node
 per 10 s) over the mean.
+""",
+    "digestcache": """`tools/bench/digestcache.py`: `DigestCache.store` of a synthetic tree in ImageNet's
+shape (the columns the native listing gives, no file read) after one file's digest changed,
+in one SQLite file a side on the benchmark's work directory: the cache as it is (only the
+parts of the record whose bytes changed are written) against the same call given a
+snapshot without its parts' hashes (the whole record written again), interleaved. Wall is
+the median of the rounds; "written" is what the process passed to `write` in the last round
+(`/proc/self/io`: SQLite's journal and checkpoint included).
 """,
     "gpu_train": """`tools/bench/gpu_train.py` on a GPU machine: ResNet-50 (torchvision, bf16 autocast,
 channels-last, SGD) trained by a PyTorch DataLoader over a generated JPEG set, the same job
