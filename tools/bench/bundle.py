@@ -393,6 +393,8 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
         record,
         1.2 if len(bundles) > 1 else 1.0,
     )
+    if args.writers:
+        writer_counts(store, work, args, record, several)
     print(f"load average at the end: {os.getloadavg()[0]:.2f}\n", flush=True)
 
     for outputs in (ours_out, inproc_out, c_out):
@@ -401,6 +403,31 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
     c_archive.unlink(missing_ok=True)
     if not args.keep:
         shutil.rmtree(src, ignore_errors=True)
+
+
+def writer_counts(store: Path, work: Path, args: argparse.Namespace, record: Record, several: str) -> None:
+    """The in-process unpack of the same store with each of ``--writers`` threads writing a
+    bundle's files (``unpack(writers=N)``), interleaved: what the default
+    (``extract.member_writers``) is chosen against. Rows only: no ratio, no goal."""
+    from dsagent.format.bundles.extract import member_writers
+
+    outputs = {n: Outputs(work / f"out-writers-{n}", not in_memory(work)) for n in args.writers}
+    sides = [
+        Side(
+            f"dsagent unpack (in process, {n} writers)",
+            collector_paused()(lambda n=n: unpack(store, name="bench", dest=outputs[n].current, writers=n)),
+            outputs[n].reset,
+        )
+        for n in args.writers
+    ]
+    interleave(sides, args.repeat)
+    what = f"unpack by writers ({args.data}, {several}, {args.loops} loops, {work.name}; default {member_writers(1)})"
+    print(what)
+    for side in sides:
+        record.row(what, side.label, side.wall, side.cpu)
+        print(f"  {side.label:<44} {side.wall:8.2f} s   CPU {side.cpu:6.2f} s")
+    for output in outputs.values():
+        output.remove()
 
 
 def main() -> None:
@@ -436,6 +463,13 @@ def main() -> None:
     )
     parser.add_argument("--repeat", type=int, default=3, help="report each side's best of this many interleaved runs")
     parser.add_argument(
+        "--writers",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=None,
+        help="also time the in-process unpack with each of these numbers of file-writing threads,"
+        " e.g. 1,2,4,7,12 (default: not; --smoke: 1,2)",
+    )
+    parser.add_argument(
         "--dsctl",
         type=Path,
         default=None,
@@ -445,6 +479,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.files, args.classes, args.median_kb, args.repeat = 300, 10, 20, 1
+        args.writers = args.writers or [1, 2]
     args.repeat = max(1, args.repeat)
     args.loops = loops_of(args.dsctl)
     keep_stream_chunks(os.environ)  # the in-process side's heap as dsctl's (dsplatform.heap)

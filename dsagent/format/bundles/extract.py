@@ -508,14 +508,17 @@ def _unpack_bundles(
     progress: Progress | None,
     count: int,
     native: bool | None = None,
+    writers: int | None = None,
 ) -> None:
     """Every bundle of ``manifest`` into ``stage``: one after another, in forked processes
-    where this process may fork (Linux, no other thread), else on threads."""
+    where this process may fork (Linux, no other thread), else on threads. ``writers``: the
+    threads writing each bundle's files when they go one after another (None:
+    :func:`member_writers`)."""
     from dsagent.format.digestpool import can_fork
 
     if count <= 1 or len(manifest.bundles) <= 1:
         decoders = frame_decoders(1)  # one bundle at a time: the spare cores decode its frames
-        writers = member_writers(1)  # and write its files
+        writers = member_writers(1) if writers is None else writers  # and write its files
         for bundle in manifest.bundles:
             unpack_bundle(
                 store, manifest, bundle, stage, storage_options=storage_options, progress=progress, durable=False,
@@ -553,6 +556,7 @@ def unpack(
     storage_options: Options = None,
     progress: Progress | None = None,
     native: bool | None = None,
+    writers: int | None = None,
 ) -> Manifest:
     """Unpack dataset ``name`` from ``store`` into the new directory ``dest``, verifying everything.
 
@@ -560,7 +564,8 @@ def unpack(
     bundle verified; ``dest`` must not exist or be empty (:class:`Conflict` otherwise).
     Bundles are extracted ``workers`` at a time (default: one per core, at most 4), each
     in its own forked process where this process may fork (:func:`_unpack_bundles`).
-    ``native``: see :func:`unpack_bundle_stream`.
+    ``native``: see :func:`unpack_bundle_stream`. ``writers``: the threads writing the
+    files of a bundle unpacked alone (default: :func:`member_writers`).
     """
     manifest = manifest or read_manifest(os.fspath(store), name, storage_options=storage_options)
     if manifest.entries and not manifest.bundles:
@@ -574,7 +579,7 @@ def unpack(
     since = writeback_for(stage).mark()
     try:
         count = workers or min(4, cores.usable())
-        _unpack_bundles(store, manifest, stage, storage_options, progress, count, native)
+        _unpack_bundles(store, manifest, stage, storage_options, progress, count, native, writers)
         create_empty_directories(manifest, stage)
         with _local_writes(stage):
             syncfs(stage)

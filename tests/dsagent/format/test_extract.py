@@ -206,3 +206,30 @@ def test_a_directory_in_the_way_is_a_conflict_and_the_bundle_is_taken_back(
     with pytest.raises(Conflict, match="clear the target"):
         unpack_bundle(store, manifest, manifest.bundles[0], target)
     assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()) == ["val/c.jpg/x"]
+
+
+@pytest.mark.parametrize("writers", [None, 1, 3])
+def test_unpack_hands_its_writer_count_to_the_member_loop(
+    packed: tuple[Path, Manifest], tmp_path: Path, writers: int | None, native_mode: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """``unpack(writers=N)`` writes a lone bundle's files on N threads of the C loop (None:
+    ``member_writers``), with the same files; the pure loop writes on its one thread."""
+    from dsagent.format import native
+    from dsagent.format.bundles import extract
+
+    store, manifest = packed
+    asked: list[int] = []
+    real = native.extract_members
+
+    def spy(*args: object, writers: int = 1, **keywords: object) -> object:
+        asked.append(writers)
+        return real(*args, writers=writers, **keywords)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(native, "extract_members", spy)
+    unpack(store, name="d", dest=tmp_path / "out", writers=writers)
+    assert {p: (tmp_path / "out" / p).read_bytes() for p in FILES} == FILES
+    if native_mode == "native":
+        assert asked == [extract.member_writers(1) if writers is None else writers]
+    else:
+        assert asked == []
