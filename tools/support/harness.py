@@ -173,6 +173,17 @@ def held_port() -> Iterator[int]:
         yield int(holder.getsockname()[1])
 
 
+@contextlib.contextmanager
+def held_ports(count: int) -> Iterator[list[int]]:
+    """``count`` ports, each kept as :func:`held_port` keeps one, for agents that each listen
+    on their own port and must know the others' before they start (peers that list each
+    other). Ports only probed with :func:`free_port` and let go were taken, before the
+    agents bound them, by other tests' outgoing connections, whose ephemeral ports come
+    from the same range."""
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(held_port()) for _ in range(count)]
+
+
 def unix_socket_listening(path: Path) -> bool:
     """Whether something accepts connections on the unix socket ``path``.
 

@@ -29,7 +29,7 @@ from dsagent.format.bundles.bundle import pack, verify_tree
 from dsagent.format.bundles.extract import unpack_bundle_stream
 from dsagent.format.manifest import Manifest, bundle_path
 from tests.dsagent.conftest import write_tree
-from tools.support.harness import AgentProcess, LoopbackServer, free_port, wait_ready
+from tools.support.harness import AgentProcess, LoopbackServer, held_ports, wait_ready
 
 pytest.importorskip("aiohttp")
 
@@ -172,17 +172,18 @@ def test_agents_starting_together_read_each_bundle_from_the_store_about_once(sto
     the store read about once (3x without peers)."""
     manifest, server = store
     server.slow_down(lambda p: "/store/bundles/" in p, 0.5)
-    ports = {name: free_port() for name in "abc"}
-    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    agents = {
-        name: agent_factory(
-            name,
-            tcp=True,
-            port=ports[name],
-            env=_peer_env(*(u for other, u in urls.items() if other != name), DSAGENT_NODE_NAME=name),
-        )
-        for name in "abc"
-    }
+    with held_ports(3) as held:  # kept from other tests until the agents listen
+        ports = dict(zip("abc", held))
+        urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+        agents = {
+            name: agent_factory(
+                name,
+                tcp=True,
+                port=ports[name],
+                env=_peer_env(*(u for other, u in urls.items() if other != name), DSAGENT_NODE_NAME=name),
+            )
+            for name in "abc"
+        }
     request = [{"name": "imgs", "source": f"{server.url}/src", "bundles": f"{server.url}/store"}]
     for agent in agents.values():
         with agent.client() as client:

@@ -28,7 +28,7 @@ from dsagent.format.manifest import Manifest
 from dsplatform.stripe import LAYOUT_FILE, StripeLayout
 from dsplatform.wire.inventory import holds
 from tests.dsagent.conftest import write_tree
-from tools.support.harness import AgentProcess, LoopbackServer, free_port, wait_ready
+from tools.support.harness import AgentProcess, LoopbackServer, held_ports, wait_ready
 
 pytestmark = pytest.mark.slow  # two agent processes
 
@@ -82,28 +82,28 @@ def _two_agents(tmp_path: Path, *, slow_store: float = 0.0) -> Iterator[_Pair]:
     files, manifest, server = _served(tmp_path, seed=7)
     if slow_store:
         server.slow_down(lambda p: "/store/bundles/" in p, slow_store)
-    port_a, port_b = free_port(), free_port()
     common = {"DSAGENT_PEER_TOKEN": TOKEN, "DSAGENT_FETCH_WORKERS": "4"}
-    copy = AgentProcess(
-        tmp_path / "node-b",
-        tcp=True,
-        port=port_b,
-        env={**common, "DSAGENT_NODE_NAME": "node-b", "DSAGENT_PEERS": f"http://127.0.0.1:{port_a}"},
-    )
-    member = AgentProcess(
-        tmp_path / "node-a",
-        tcp=True,
-        port=port_a,
-        env={**common, "DSAGENT_NODE_NAME": "node-a", "DSAGENT_PEERS": f"http://127.0.0.1:{port_b}"},
-    )
-    try:
-        copy.start()
-        member.start()
-        yield _Pair(files, manifest, server, f"{server.url}/store", copy, member)
-    finally:
-        member.stop()
-        copy.stop()
-        server.close()
+    with held_ports(2) as (port_a, port_b):  # kept from other tests until the agents stop
+        copy = AgentProcess(
+            tmp_path / "node-b",
+            tcp=True,
+            port=port_b,
+            env={**common, "DSAGENT_NODE_NAME": "node-b", "DSAGENT_PEERS": f"http://127.0.0.1:{port_a}"},
+        )
+        member = AgentProcess(
+            tmp_path / "node-a",
+            tcp=True,
+            port=port_a,
+            env={**common, "DSAGENT_NODE_NAME": "node-a", "DSAGENT_PEERS": f"http://127.0.0.1:{port_b}"},
+        )
+        try:
+            copy.start()
+            member.start()
+            yield _Pair(files, manifest, server, f"{server.url}/store", copy, member)
+        finally:
+            member.stop()
+            copy.stop()
+            server.close()
 
 
 def _tree(root: Path) -> dict[str, bytes]:

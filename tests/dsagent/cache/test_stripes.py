@@ -28,7 +28,7 @@ from dsplatform.data import StripedDataset
 from dsplatform.wire import readerenv
 from tests.dsagent.conftest import write_tree
 from tests.dsplatform.test_data import ranks_in_threads
-from tools.support.harness import AgentProcess, LoopbackServer, allocated, free_port
+from tools.support.harness import AgentProcess, LoopbackServer, allocated, held_ports
 
 pytest.importorskip("aiohttp")
 pytestmark = [
@@ -54,38 +54,38 @@ def striped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     write_tree(tmp / "www" / "src", files)
     manifest = pack(tmp / "www" / "src", tmp / "www" / "store", name="imgs", max_files=2)
     server = LoopbackServer(tmp / "www")
-    ports = [free_port() for _ in NODES]
-    # the version takes 2.5 times one agent's capacity on disk (the capacity's unit: bytes,
-    # blocks and inodes); a share fits it with the fill's 1.2x headroom
-    capacity = allocated(manifest.total_bytes, manifest.file_count, tmp) * 2 // 5
-    agents = [
-        AgentProcess(
-            tmp / node,
-            tcp=True,
-            port=ports[i],
-            env={
-                "DSAGENT_NODE_NAME": node,
-                "DSAGENT_PEER_TOKEN": TOKEN,
-                "DSAGENT_CAPACITY": str(capacity),
-                "DSAGENT_STRIPE_WINDOW": str(WINDOW),
-            },
-        ).start()
-        for i, node in enumerate(NODES)
-    ]
-    peers = {node: agent.url for node, agent in zip(NODES, agents)}
-    try:
-        for agent in agents:
-            answer = _hold(agent, server, peers)
-            assert answer["bytesOwned"] <= capacity
-        deadline = time.monotonic() + 120
-        while not all(_status(a, manifest)["complete"] for a in agents):
-            assert time.monotonic() < deadline, [_status(a, manifest) for a in agents]
-            time.sleep(0.1)
-        yield {"files": files, "manifest": manifest, "server": server, "agents": agents, "capacity": capacity}
-    finally:
-        for agent in agents:
-            agent.stop()
-        server.close()
+    with held_ports(len(NODES)) as ports:  # kept from other tests until the agents stop
+        # the version takes 2.5 times one agent's capacity on disk (the capacity's unit: bytes,
+        # blocks and inodes); a share fits it with the fill's 1.2x headroom
+        capacity = allocated(manifest.total_bytes, manifest.file_count, tmp) * 2 // 5
+        agents = [
+            AgentProcess(
+                tmp / node,
+                tcp=True,
+                port=ports[i],
+                env={
+                    "DSAGENT_NODE_NAME": node,
+                    "DSAGENT_PEER_TOKEN": TOKEN,
+                    "DSAGENT_CAPACITY": str(capacity),
+                    "DSAGENT_STRIPE_WINDOW": str(WINDOW),
+                },
+            ).start()
+            for i, node in enumerate(NODES)
+        ]
+        peers = {node: agent.url for node, agent in zip(NODES, agents)}
+        try:
+            for agent in agents:
+                answer = _hold(agent, server, peers)
+                assert answer["bytesOwned"] <= capacity
+            deadline = time.monotonic() + 120
+            while not all(_status(a, manifest)["complete"] for a in agents):
+                assert time.monotonic() < deadline, [_status(a, manifest) for a in agents]
+                time.sleep(0.1)
+            yield {"files": files, "manifest": manifest, "server": server, "agents": agents, "capacity": capacity}
+        finally:
+            for agent in agents:
+                agent.stop()
+            server.close()
 
 
 def _admin(agent: AgentProcess) -> httpx.Client:
