@@ -217,7 +217,12 @@ class AgentProcess:
         self.fresh = fresh
         self.host = host  # another loopback address (127.0.0.2, ...): agents that share one port, as pods do
         self.socket = root.parent / f"{root.name}.sock"
-        self.port = (port or free_port()) if tcp else None  # a port chosen beforehand: peers that list each other
+        # a port this harness picks is kept from other tests until the agent first answers
+        # (held_ports says why); one passed in was chosen beforehand: peers that list each other
+        self._holding = contextlib.ExitStack()
+        if tcp and port is None:
+            port = self._holding.enter_context(held_port())
+        self.port = port if tcp else None
         self.log = root.parent / f"{root.name}.log"
         self.env = {
             **os.environ,
@@ -261,6 +266,7 @@ class AgentProcess:
             try:
                 with self.client() as client:
                     if client.health():
+                        self._holding.close()  # it listens on its port now
                         return self
             except AgentUnreachable:
                 time.sleep(0.05)
@@ -282,6 +288,7 @@ class AgentProcess:
         self.proc.wait(timeout=30)
 
     def stop(self) -> int:
+        self._holding.close()
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
         self.proc.send_signal(signal.SIGTERM)
