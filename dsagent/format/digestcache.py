@@ -288,12 +288,9 @@ class DigestCache:
                     db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=NORMAL")
                 version = db.execute("PRAGMA user_version").fetchone()[0]
+                if version < _FORMAT:
+                    version = self._make_table(db)
                 self._newer = version > _FORMAT
-                if version < _FORMAT:  # each statement commits itself
-                    for table in _OLD_TABLES:
-                        db.execute(f"DROP TABLE IF EXISTS {table}")
-                    db.execute(_SCHEMA)
-                    db.execute(f"PRAGMA user_version = {_FORMAT}")
                 return db
             except sqlite3.OperationalError as exc:
                 db.close()
@@ -303,6 +300,28 @@ class DigestCache:
             except BaseException:
                 db.close()
                 raise
+
+    @staticmethod
+    def _make_table(db: sqlite3.Connection) -> int:
+        """Empty a file of an older format and make the table, in one transaction that holds
+        the write lock from its start; the format found then. Made one statement at a time,
+        a second connection opening the new file meanwhile dropped the table the first had
+        just made, under the first's reads ("no such table")."""
+        db.execute("BEGIN IMMEDIATE")  # another connection waits here (the open's timeout)
+        try:
+            version = int(db.execute("PRAGMA user_version").fetchone()[0])
+            if version < _FORMAT:
+                for table in _OLD_TABLES:
+                    db.execute(f"DROP TABLE IF EXISTS {table}")
+                db.execute(_SCHEMA)
+                db.execute(f"PRAGMA user_version = {_FORMAT}")
+                version = _FORMAT
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return version
 
     def close(self) -> None:
         self._db.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -386,3 +387,28 @@ def test_a_cache_of_a_later_release_is_left_as_it_is(tree: Path, tmp_path: Path)
     version = db.execute("PRAGMA user_version").fetchone()[0]
     db.close()
     assert tables == {"later"} and version == 99
+
+
+def test_caches_opened_at_once_on_a_new_file_all_read_it(tmp_path: Path) -> None:
+    """Datasets digested at once each open the agent's cache: on a new file one of them makes
+    the table while the others wait, and none drops it under another's read (each made it
+    one statement at a time before, and one in five rounds failed "no such table")."""
+    errors: list[BaseException] = []
+    for round_ in range(50):
+        path = tmp_path / f"round{round_}" / "digests.db"
+        start = threading.Barrier(8)
+
+        def open_and_read(path: Path = path, start: threading.Barrier = start) -> None:
+            start.wait()
+            try:
+                with DigestCache(path) as cache:
+                    cache.snapshot("/data")
+            except BaseException as exc:  # noqa: BLE001 - counted below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_and_read) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []
