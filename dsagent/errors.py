@@ -213,6 +213,11 @@ class AgentUnreachable(TransientError):
     code = "agent_unreachable"
 
 
+class FetchStopped(TransientError):
+    """A fetch stopped because what it fetched for was let go (a stripe share released,
+    dropped or re-planned): nothing of it was kept; a reader that waited for it asks again."""
+
+
 class AgentStopping(TransientError):
     """The agent was told to stop and is handing its stripe shares to their new owners
     (docs/design-striping.md#churn): it takes no new task; ask the agent that replaces it."""
@@ -227,6 +232,7 @@ __all__ = [
     "CacheDiskError",
     "Conflict",
     "DsagentError",
+    "FetchStopped",
     "Forbidden",
     "InsufficientSpace",
     "IntegrityError",

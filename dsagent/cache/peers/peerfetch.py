@@ -49,7 +49,7 @@ from dsagent.cache.peers.peersession import REFRESH_EVERY, PeerSession
 from dsagent.cache.progress import FetchProgress
 from dsagent.cache.servicehooks import PeerHolder, PeerHolders
 from dsagent.cache.settings import Settings
-from dsagent.errors import DsagentError, IntegrityError, TransientError
+from dsagent.errors import DsagentError, FetchStopped, IntegrityError, TransientError
 from dsagent.format.bundles.extract import unpack_bundle_stream
 from dsagent.format.manifest import BundleRef, Manifest
 from dsplatform import boundedjson
@@ -336,13 +336,19 @@ class PeerFetcher:
                 return "delivered"
         return outcome
 
-    def fetch_from(self, peer: str, manifest: Manifest, bundle: BundleRef, dest: Path, *, reader: bool = False) -> None:
+    def fetch_from(
+        self, peer: str, manifest: Manifest, bundle: BundleRef, dest: Path, *, reader: bool = False,
+        stop: threading.Event | None = None,
+    ) -> None:  # fmt: skip
         """Bundle ``bundle`` from the one agent ``peer`` (a base URL) into ``dest``, verified as
         any peer download; for striped versions, which know the owner (docs/design-striping.md).
         ``reader``: a reader waits for it (:mod:`dsplatform.wire.peerbundle`: an owner whose
-        share reads the store on demand reads it now rather than answer 404).
+        share reads the store on demand reads it now rather than answer 404). ``stop``: once
+        set, the download ends at its next piece with :class:`~dsagent.errors.FetchStopped`,
+        nothing of the bundle left in ``dest``.
         :class:`PeerFetchingIt` / :class:`PeerRefused` / any other error: ask elsewhere."""
-        self._fetch_one(peer, manifest, bundle, dest, FetchProgress(bundle.size, bundle.count), reader=reader)
+        progress = FetchProgress(bundle.size, bundle.count)
+        self._fetch_one(peer, manifest, bundle, dest, progress, reader=reader, stop=stop)
 
     def _fetch_one(
         self,
@@ -355,6 +361,7 @@ class PeerFetcher:
         *,
         reader: bool = False,
         writers: int = 1,
+        stop: threading.Event | None = None,
     ) -> None:
         counted = [0, 0]
 
@@ -378,7 +385,7 @@ class PeerFetcher:
                     raise DsagentError(f"peer answered {response.status_code}")
                 # the body as the network delivers it: httpx re-chunking to 1 MiB copied every byte
                 # twice more (0.9-1.1 CPU-s per 703 MB received against 0.26-0.42 s unchunked)
-                body = _PeerBody(response.iter_raw(), limit, deadline, self.settings.peer_min_rate, bundle)
+                body = _PeerBody(response.iter_raw(), limit, deadline, self.settings.peer_min_rate, bundle, stop)
                 unpack_bundle_stream(body, manifest, bundle, staging, progress=count, writers=writers)  # type: ignore[arg-type]
         except BaseException:
             progress.add(-counted[0], -counted[1])
@@ -389,16 +396,21 @@ class PeerFetcher:
 class _PeerBody:
     """A peer's response body as the ``read(n)`` stream the unpacker takes, cut with an
     error once it is longer than any honest bundle (``limit``) or later than ``deadline``
-    (a peer too slow to finish at ``min_rate``)."""
+    (a peer too slow to finish at ``min_rate``), or once ``stop`` is set."""
 
-    def __init__(self, chunks: Iterator[bytes], limit: int, deadline: float, min_rate: int, bundle: BundleRef) -> None:
+    def __init__(
+        self, chunks: Iterator[bytes], limit: int, deadline: float, min_rate: int, bundle: BundleRef,
+        stop: threading.Event | None = None,
+    ) -> None:  # fmt: skip
         self._chunks, self._limit, self._deadline, self._min_rate = chunks, limit, deadline, min_rate
-        self._bundle = bundle
+        self._bundle, self._stop = bundle, stop
         self._chunk, self._offset = b"", 0
         self.received = 0
 
     def read(self, size: int = -1) -> bytes:
         if self._offset >= len(self._chunk):
+            if self._stop is not None and self._stop.is_set():
+                raise FetchStopped(f"the fetch of bundle {self._bundle.digest[:12]} was stopped")
             self._chunk, self._offset = next(self._chunks, b""), 0
             if time.monotonic() > self._deadline:
                 raise TransientError(f"peer slower than {self._min_rate} bytes/s")

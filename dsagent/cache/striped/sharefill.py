@@ -29,6 +29,7 @@ import contextlib
 import logging
 import math
 import os
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,9 @@ class Share:
     on_demand: bool = False  # storeOnDemand: the store is read only for bundles a reader waits for
     window_bytes: int = 0  # bytes this node's readers took through the window since the share was held
     kept_bytes: int = 0  # the version's manifest kept beside it, for a restart (ShareRecords._prepare)
+    # set while its fill is being stopped: the fetches under way, on threads no cancel
+    # reaches, end at their next step (stripefetch.BundleSources.fetch)
+    stop: threading.Event = field(default_factory=threading.Event)
 
     @property
     def key(self) -> Key:
@@ -248,9 +252,10 @@ class ShareFill:
         order = owners(bundle.digest, ranked, replicas=1 + PREVIOUS_OWNERS)
         placed = next((b for b in share.layout.bundles if b.digest == bundle.digest), None)
         if placed is None or placed.owner == self.settings.node_name:
+            stop = share.stop
             if store:
-                self.sources.fetch_claimed(share, bundle, directory, order, copies=copies, reader=reader)
-            elif not self.sources.fetch(share, bundle, directory, order, copies=copies, store=False):
+                self.sources.fetch_claimed(share, bundle, directory, order, copies=copies, reader=reader, stop=stop)
+            elif not self.sources.fetch(share, bundle, directory, order, copies=copies, store=False, stop=stop):
                 return False
         else:  # a whole copy's bundle owned elsewhere: its owner first, claimed only once it
             # reads the store (asking the peers, this node makes nobody wait: the owner asking
@@ -262,7 +267,7 @@ class ShareFill:
             with self.peers.claim(bundle.digest, "unclaimed") as claim:
                 if not self.sources.fetch(
                     share, bundle, directory, order, copies=copies, store=store, reader=reader,
-                    before_store=claim.downloading, again=[placed.owner],
+                    before_store=claim.downloading, again=[placed.owner], stop=share.stop,
                 ):  # fmt: skip
                     return False
                 claim.finished()

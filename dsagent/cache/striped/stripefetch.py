@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+import threading
 import time
 from collections.abc import Callable, MutableMapping, Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ from dsagent.cache.peers import PeerFetcher, PeerFetchingIt, PeerRefused
 from dsagent.cache.peers.peerfetch import CLUSTER_REFRESH_EVERY, POLL_EVERY
 from dsagent.cache.peers.peersession import REFRESH_EVERY
 from dsagent.cache.settings import Settings
+from dsagent.errors import FetchStopped
 from dsagent.format.bundles.extract import unpack_bundle
 from dsagent.format.manifest import BundleRef, Manifest
 from dsagent.format.storageconfig import Options
@@ -64,6 +66,7 @@ class BundleSources:
         store: bool = True,
         reader: bool = False,
         again: Sequence[str] = (),
+        stop: threading.Event | None = None,
     ) -> bool:
         """Bundle ``ref`` into ``directory`` from the first of ``order`` (node names, best
         first), then of ``copies`` (base URLs of agents holding or fetching the version
@@ -74,21 +77,34 @@ class BundleSources:
         before the store); whether it is there. ``fresh``: ``directory`` is the bundle's own
         and is emptied after a failed attempt (a window slot). ``store``: False, the peers
         only (a share held ``storeOnDemand`` filling in the background: False when none
-        delivers). ``reader``: the peers are told that a reader waits for it."""
-        if self._from_peers(version, ref, directory, order, copies, fresh=fresh, reader=reader, quiet=not store):
+        delivers). ``reader``: the peers are told that a reader waits for it. ``stop``: once
+        set (the share it is fetched for is let go), the fetch ends at its next step, a wait
+        for a busy peer at once, a download at its next piece, with :class:`FetchStopped`,
+        nothing of the bundle left in ``directory``."""
+
+        def from_peers(order: Sequence[str], copies: Sequence[str], quiet: bool = False) -> bool:
+            return self._from_peers(
+                version, ref, directory, order, copies, fresh=fresh, reader=reader, quiet=quiet, stop=stop
+            )
+
+        if from_peers(order, copies, quiet=not store):
             self.counts["peer_bundles"] += 1
             return True
         if not store:
             return False
-        if again and self._from_peers(version, ref, directory, again, (), fresh=fresh, reader=reader):
+        if again and from_peers(again, ()):
             self.counts["peer_bundles"] += 1
             return True
         if before_store is not None and before_store() is False:
             # a peer asking at once was told to read the store itself: wait for it
-            if self._from_peers(version, ref, directory, order, copies, fresh=fresh, reader=reader):
+            if from_peers(order, copies):
                 self.counts["peer_bundles"] += 1
                 return True
-        unpack_bundle(version.store, version.manifest, ref, directory, storage_options=version.storage_options)
+        _check(stop, ref)
+        unpack_bundle(
+            version.store, version.manifest, ref, directory, storage_options=version.storage_options,
+            progress=None if stop is None else lambda _bytes, _files: _check(stop, ref),
+        )  # fmt: skip
         self.counts["store_bundles"] += 1
         return True
 
@@ -101,6 +117,7 @@ class BundleSources:
         *,
         copies: Sequence[str] = (),
         reader: bool = False,
+        stop: threading.Event | None = None,
     ) -> None:
         """:meth:`fetch` for a bundle this node will serve (its share), claimed meanwhile
         (:meth:`dsagent.cache.peers.PeerFetcher.claim`): an agent fetching the version whole
@@ -109,7 +126,9 @@ class BundleSources:
         do. The claim stays until the caller has recorded the bundle held and calls
         ``PeerFetcher.release``."""
         with self.peers.claim(ref.digest, "asking") as claim:
-            self.fetch(version, ref, directory, order, copies=copies, before_store=claim.downloading, reader=reader)
+            self.fetch(
+                version, ref, directory, order, copies=copies, before_store=claim.downloading, reader=reader, stop=stop
+            )
             claim.finished()
 
     async def copies(self, name: str, digest: str) -> Sequence[str]:
@@ -143,6 +162,7 @@ class BundleSources:
         fresh: bool,
         reader: bool = False,
         quiet: bool = False,
+        stop: threading.Event | None = None,
     ) -> bool:
         """Whether a peer delivered. A peer that answers "later" (busy with other streams,
         or downloading the bundle: a whole copy still arriving) holds it, and is asked again
@@ -158,8 +178,11 @@ class BundleSources:
         while asking:
             later: list[str] = []
             for url in asking:
+                _check(stop, ref)
                 try:
-                    self.peers.fetch_from(url, version.manifest, ref, directory, reader=reader)
+                    self.peers.fetch_from(url, version.manifest, ref, directory, reader=reader, stop=stop)
+                except FetchStopped:
+                    raise
                 except PeerFetchingIt:
                     later.append(url)
                 except PeerRefused as exc:
@@ -174,6 +197,15 @@ class BundleSources:
                     directory.mkdir(parents=True)
             if not later or time.monotonic() + POLL_EVERY >= deadline:
                 return False
-            time.sleep(POLL_EVERY)
+            if stop is None:
+                time.sleep(POLL_EVERY)
+            elif stop.wait(POLL_EVERY):
+                _check(stop, ref)
             asking = later
         return False
+
+
+def _check(stop: threading.Event | None, ref: BundleRef) -> None:
+    """Raise :class:`FetchStopped` once ``stop`` is set."""
+    if stop is not None and stop.is_set():
+        raise FetchStopped(f"the fetch of bundle {ref.digest[:12]} was stopped: its share was let go")

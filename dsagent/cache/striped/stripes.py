@@ -385,13 +385,19 @@ class StripeShares(ShareRecords, ShareFill):
     async def _stop_fill(share: Share) -> None:
         """Stop a share's fill and wait for it to end, and for the bundle fetches it had under
         way (each runs on a thread no cancel stops: one left running would write into a
-        directory being removed); the bundles it holds stay (a kept part), and nothing is
+        directory being removed). They are told to stop (:attr:`Share.stop`) and end at their
+        next step, not after a busy peer's wait or a whole bundle: a release or a new group
+        waits at most for one read. The bundles it holds stay (a kept part), and nothing is
         reserved for the rest (:meth:`pending_bytes` counts filling shares)."""
-        if share.task is not None:
-            share.task.cancel()
-            await asyncio.gather(share.task, return_exceptions=True)
-        while share.inflight:  # a fetch a reader or a peer brought forward ends as the fill's
-            await asyncio.gather(*share.inflight.values(), return_exceptions=True)
+        share.stop.set()
+        try:
+            if share.task is not None:
+                share.task.cancel()
+                await asyncio.gather(share.task, return_exceptions=True)
+            while share.inflight:  # a fetch a reader or a peer brought forward ends as the fill's
+                await asyncio.gather(*share.inflight.values(), return_exceptions=True)
+        finally:
+            share.stop.clear()  # a part kept and held again fills anew
 
     async def expire(self) -> list[Key]:
         """Drop the shares whose lease lapsed (the sweep calls it): nobody held them again, and

@@ -26,7 +26,9 @@ class _Peers:
     def __init__(self, answers: list[str]) -> None:
         self.answers, self.asked = answers, 0
 
-    def fetch_from(self, url: str, manifest: Any, ref: Any, directory: Path, *, reader: bool = False) -> None:
+    def fetch_from(
+        self, url: str, manifest: Any, ref: Any, directory: Path, *, reader: bool = False, stop: Any = None
+    ) -> None:
         self.asked += 1
         answer = self.answers.pop(0)
         if answer == "no":

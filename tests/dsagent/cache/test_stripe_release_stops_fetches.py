@@ -1,0 +1,136 @@
+"""Letting a share go stops the bundle fetches it had under way, at their next step
+(:meth:`dsagent.cache.striped.stripes.StripeShares._stop_fill`, :class:`dsagent.errors.FetchStopped`).
+
+Those fetches run on threads no cancel reaches. Before they were told to stop, a release
+(or a new group, or the agent's stop) waited for each to end by itself: for a peer that
+answers "later" that is ``peer_wait`` (30 s by default), for the store a whole bundle.
+
+End to end: a real agent fills its share of a two-member group whose other member, a
+loopback server speaking the peer protocol, answers 425 ("downloading it, ask again") to
+every ask; the release answers at once and the store was never read. Then the two other
+steps a stop ends: a store download between two files, a peer's body between two pieces.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dsagent.cache.peers.peerfetch import _PeerBody
+from dsagent.cache.settings import Settings
+from dsagent.cache.striped.stripefetch import BundleSources
+from dsagent.errors import FetchStopped
+from dsagent.format.bundles.bundle import pack
+from tests.dsagent.api.test_pod_rights import unix_client
+from tests.dsagent.conftest import write_tree
+from tools.support.harness import ADMIN_TOKEN, LoopbackServer
+
+TOKEN = "p" * 40
+NODE, OTHER = "node-a", "node-b"
+
+
+class _AlwaysLater(BaseHTTPRequestHandler):
+    """A member whose peer server is downloading every bundle: 425, ask again shortly."""
+
+    asks = 0
+
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        type(self).asks += 1
+        body = b'{"error": {"code": "peer_fetching", "message": "downloading it now"}}'
+        self.send_response(425)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def busy_peer() -> Iterator[str]:
+    _AlwaysLater.asks = 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _AlwaysLater)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_release_does_not_wait_out_a_busy_peer(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], tmp_path: Path, busy_peer: str
+) -> None:
+    www, url, server = loopback
+    write_tree(www / "src", {f"d{i % 3}/f{i:03d}.bin": bytes([i]) * (2000 + i) for i in range(24)})
+    manifest = pack(www / "src", www / "store", name="imgs", max_files=4)
+    agent = agent_factory(
+        env={"DSAGENT_NODE_NAME": NODE, "DSAGENT_PEER_TOKEN": TOKEN, "DSAGENT_PEER_WAIT": "120s"}
+    )
+    body = {"store": f"{url}/store", "members": [NODE, OTHER], "peers": {OTHER: busy_peer}}
+    with unix_client(agent, ADMIN_TOKEN) as operator:
+        held = operator.put("/v1/stripes/imgs", json=body)
+        assert held.status_code == 200, held.text
+        assert held.json()["bundlesOwned"] > 0
+        deadline = time.monotonic() + 30
+        while _AlwaysLater.asks < 2:  # the fill waits on the other member (the previous owner)
+            assert time.monotonic() < deadline, "the fill never asked the other member"
+            time.sleep(0.05)
+        started = time.monotonic()
+        released = operator.delete("/v1/stripes/imgs")  # the client gives up after 30 s
+        took = time.monotonic() - started
+        assert released.status_code == 200, released.text
+        assert released.json() == {"name": "imgs", "released": [manifest.digest]}
+        assert took < 10, f"the release took {took:.1f} s: it waited for the busy peer"
+        assert operator.get(f"/v1/stripes/imgs/{manifest.digest}").status_code == 404
+    assert not (agent.root / "stripes" / "imgs" / manifest.digest).exists()
+    assert server.gets(lambda p: "/bundles/" in p) == {}  # stopped before the store, not sent to it
+
+
+class _SetAfter(threading.Event):
+    """An event that reads as set from its ``n``-th look on: "stopped" between two steps."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.looks, self.n = 0, n
+
+    def is_set(self) -> bool:
+        self.looks += 1
+        return self.looks >= self.n or super().is_set()
+
+
+def test_a_stopped_store_download_ends_between_two_files_and_leaves_nothing(tmp_path: Path) -> None:
+    # 4 MB: the loop reports its progress (where the stop is looked at) a piece of the stream at a time
+    write_tree(tmp_path / "src", {f"f{i:03d}.bin": bytes([i]) * 100_000 for i in range(40)})
+    manifest = pack(tmp_path / "src", tmp_path / "store", name="imgs")
+    (ref,) = manifest.bundles
+    counts = {"peer_bundles": 0, "store_bundles": 0}
+    sources = BundleSources(Settings(root=tmp_path / "cache", node_name=NODE), None, counts)  # type: ignore[arg-type]
+    version = type("V", (), {"manifest": manifest, "store": str(tmp_path / "store"), "storage_options": {}, "peers": {}})
+    into = tmp_path / "share"
+    into.mkdir()
+    stop = _SetAfter(3)  # the look before the store, then two pieces of the bundle
+    with pytest.raises(FetchStopped, match="stopped"):
+        sources.fetch(version, ref, into, [NODE], stop=stop)  # type: ignore[arg-type]
+    assert stop.looks == 3  # it ended at the first look that said stop, not at the bundle's end
+    assert list(into.rglob("*")) == [] and counts["store_bundles"] == 0
+    # not told to stop, the same fetch brings the bundle whole
+    sources.fetch(version, ref, into, [NODE], stop=threading.Event())  # type: ignore[arg-type]
+    assert sorted(p.name for p in into.rglob("*.bin")) == sorted(p.name for p in (tmp_path / "src").iterdir())
+
+
+def test_a_stopped_peer_body_ends_at_its_next_piece() -> None:
+    stop = threading.Event()
+    ref = type("R", (), {"digest": "a" * 32, "size": 1 << 20})
+    body = _PeerBody(iter([b"x" * 100, b"y" * 100, b"z" * 100]), 1 << 30, time.monotonic() + 60, 1, ref, stop)  # type: ignore[arg-type]
+    assert body.read(1000) == b"x" * 100
+    stop.set()
+    with pytest.raises(FetchStopped):
+        body.read(1000)
+    assert body.received == 100  # the next piece was never taken
