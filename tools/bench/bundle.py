@@ -17,9 +17,12 @@ for one bundle and >= 1.2x for several against the C tools on the same bundles o
 another, digest >= 1.0x from 50,000 files: below that, dsctl's start-up of about 0.05 s is
 a large share of a digest, and the row is printed without a goal) are computed
 from; the in-process row shows what start-up costs (``dsctl unpack`` within 10%
-of it). Runs are interleaved (dsctl, C, in-process, then C, in-process, dsctl, ...: each
-round starts one side further on) so that all sides see the same load on a shared machine
-and none always runs after the same one, each after a ``sync``, page cache warm; each side's
+of it), and each step also times its ``dsctl`` command on a dataset of one file: the
+command's fixed cost (the interpreter's start, its imports, its pools), printed with its
+share of dsctl's time on the dataset (a row, no ratio). Runs are interleaved (dsctl, C,
+in-process, then C, in-process, dsctl, ...: each round starts one side further on) so that
+all sides see the same load on a shared machine and none always runs after the same one,
+each after a ``sync``, page cache warm; each side's
 best of ``--repeat`` is printed with its CPU time (user + sys, all threads and children).
 dsctl runs with the digest cache off (a cold pack), as ``dsctl`` from this interpreter's
 ``bin/`` (``python -m dsagent.cli`` without it), with bytecode caches written as a user's
@@ -243,10 +246,12 @@ def digest_goal(files: int) -> tuple[float | None, str]:
 
 
 def report(
-    what: str, sides: list[Side], total: int, files: int, record: Record, goal: float | None, aside: str = ""
-) -> None:
+    what: str, sides: list[Side], total: int, files: int, record: Record, goal: float | None, aside: str = "",
+    fixed: Side | None = None,
+) -> None:  # fmt: skip
     """Print each side and record the ratio of dsctl's throughput to the first baseline's
-    against ``goal`` (None: none at this size), ``aside`` added to its note."""
+    against ``goal`` (None: none at this size), ``aside`` added to its note; ``fixed``: the
+    same command on a dataset of one file, its share of dsctl's time printed (a row only)."""
     print(what)
     for side in sides:
         record.row(what, side.label, side.wall, side.cpu)
@@ -265,6 +270,13 @@ def report(
     if not baselines:
         print(f"  {'ratio (dsagent / C throughput)':<44}      -   (no baseline: install {what}'s tool)")
     print(f"  {'dsctl process / in process':<44} {ours.wall / inproc.wall:8.2f}x", flush=True)
+    if fixed is not None:
+        record.row(what, fixed.label, fixed.wall, fixed.cpu)
+        print(
+            f"  {fixed.label:<44} {fixed.wall:8.2f} s   CPU {fixed.cpu:6.2f} s"
+            f"   ({fixed.wall / ours.wall:.0%} of dsctl's time)",
+            flush=True,
+        )
 
 
 def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> None:
@@ -279,6 +291,26 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
     if missing:
         print(f"missing baseline tools (their columns are left out): {', '.join(missing)}", flush=True)
     manifest_holder: list[object] = []
+    # the fixed cost of each command, as users run it: the same dsctl on a dataset of one file
+    # (the interpreter's start, the command's imports, its pools; what a large dataset hides)
+    one, one_store, one_out = work / "one", work / "store-one", work / "out-one"
+    (one / "d").mkdir(parents=True, exist_ok=True)
+    (one / "d" / "one.JPEG").write_bytes(b"one file")
+    shutil.rmtree(one_store, ignore_errors=True)
+    pack_dataset(one, one_store, name="one")
+    fixed_digest = Side(
+        "dsctl digest, one file (fixed cost)", dsctl(args.dsctl, "digest", str(one), "--no-digest-cache")
+    )
+    fixed_pack = Side(
+        "dsctl pack, one file (fixed cost)",
+        dsctl(args.dsctl, "pack", str(one), "--name", "one", "--to", str(work / "store-one-b"), "--no-digest-cache"),
+        clear(work / "store-one-b"),
+    )
+    fixed_unpack = Side(
+        "dsctl unpack, one file (fixed cost)",
+        lambda: dsctl(args.dsctl, "unpack", str(one_store), str(one_out), "--name", "one")(),
+        clear(one_out),
+    )
 
     sides = [
         Side("dsctl digest (process)", dsctl(args.dsctl, "digest", str(src), "--name", "bench", "--no-digest-cache")),
@@ -294,9 +326,9 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
                 ),
             )
         )
-    interleave(sides, args.repeat)
+    interleave([*sides, fixed_digest], args.repeat)
     what = f"digest ({args.data}, {args.loops} loops, {work.name})"
-    report(what, sides, total, args.files, record, *digest_goal(args.files))
+    report(what, sides, total, args.files, record, *digest_goal(args.files), fixed=fixed_digest)
 
     store, store2, c_archive = work / "store", work / "store-inproc", work / "c.tar.zst"
     cap = str(args.max_bytes)
@@ -331,7 +363,7 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
                 clear(c_archive),
             )
         )
-    interleave(sides, args.repeat)
+    interleave([*sides, fixed_pack], args.repeat)
     report(
         f"pack ({args.data}, {args.loops} loops, {work.name})",
         sides,
@@ -339,6 +371,7 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
         args.files,
         record,
         1.5 if args.data == "random" else 1.0,
+        fixed=fixed_pack,
     )
     shutil.rmtree(store2, ignore_errors=True)
 
@@ -383,7 +416,7 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
             return shell(f"{each} && sync -f {q(c_out.current)}")()
 
         sides.insert(2, Side(f"zstd -dc | tar -x, {len(bundles)} bundles in turn && sync -f", in_turn, c_out.reset))
-    interleave(sides, args.repeat)
+    interleave([*sides, fixed_unpack], args.repeat)
     several = f"{len(bundles)} bundles" if len(bundles) > 1 else "one bundle"
     report(
         f"unpack ({args.data}, {several}, {args.loops} loops, {work.name})",
@@ -392,6 +425,7 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
         args.files,
         record,
         1.2 if len(bundles) > 1 else 1.0,
+        fixed=fixed_unpack,
     )
     if args.writers:
         writer_counts(store, work, args, record, several)
@@ -400,6 +434,8 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
     for outputs in (ours_out, inproc_out, c_out):
         outputs.remove()
     shutil.rmtree(store, ignore_errors=True)
+    for path in (one, one_store, one_out, work / "store-one-b"):
+        shutil.rmtree(path, ignore_errors=True)
     c_archive.unlink(missing_ok=True)
     if not args.keep:
         shutil.rmtree(src, ignore_errors=True)
