@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dsagent.controller.controllermetrics import ControllerMetrics
 from dsagent.webhook.admissionmetrics import WebhookMetrics
 from tests.charts.test_chart import PRODUCTION, render
-from tools.support.harness import ADMIN_TOKEN, AgentProcess, free_port
+from tools.support.harness import ADMIN_TOKEN, AgentProcess, held_port
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +59,8 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[tuple[tup
     root = tmp_path_factory.mktemp("alerts")
     (root / "sources").mkdir()
     agent = AgentProcess(root / "agent", tcp=True, local_sources=(root / "sources",)).start()
-    port = free_port()
+    hold = ExitStack()
+    port = hold.enter_context(held_port())  # nobody else's until the extender listens on it
     env = {**os.environ, "DSEXT_PORT": str(port), "DSEXT_LOG_LEVEL": "warning"}
     extender = subprocess.Popen([sys.executable, "-m", "scheduler_plugin"], env=env)
     try:
@@ -77,9 +79,11 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[tuple[tup
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.1)
+            hold.close()
             http.post("/filter", content=b"not json")
             extender_text = http.get("/metrics").text
     finally:
+        hold.close()
         agent.stop()
         extender.terminate()
         extender.wait(20)

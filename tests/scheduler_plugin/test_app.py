@@ -398,16 +398,17 @@ def test_readyz_says_syncing_in_the_one_probe_shape_until_the_node_watch_has_lis
     and the webhook answer ``{"status": ...}``; now every process answers one shape."""
     from kubernetes import client as k8s
 
-    from tests.scheduler_plugin.test_shutdown import free_port
+    from tools.support.harness import held_port
 
     config = k8s.Configuration()
-    config.host = f"http://127.0.0.1:{free_port()}"  # nothing listens: the watch never lists
-    app = create_app(Settings(watch=True), api_client=k8s.ApiClient(config))
-    with serving(app) as url, httpx.Client(base_url=url, timeout=30) as http:
-        reply = http.get("/readyz")
-        assert reply.status_code == 503
-        assert reply.json() == {"status": "syncing", "detail": "the node watch has not listed the nodes yet"}
-        assert http.get("/healthz").json() == {"status": "ok"}
+    with held_port() as port:  # held, never listened on: the watch never lists
+        config.host = f"http://127.0.0.1:{port}"
+        app = create_app(Settings(watch=True), api_client=k8s.ApiClient(config))
+        with serving(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+            reply = http.get("/readyz")
+            assert reply.status_code == 503
+            assert reply.json() == {"status": "syncing", "detail": "the node watch has not listed the nodes yet"}
+            assert http.get("/healthz").json() == {"status": "ok"}
 
 
 def test_readyz_is_ready_without_a_watch(client: httpx.Client) -> None:

@@ -8,18 +8,20 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.scheduler_plugin.test_shutdown import free_port
+from tools.support.harness import held_port
 
 pytestmark = pytest.mark.slow
 
 
 def _run_extender(tmp_path: Path, env: dict[str, str]) -> list[str]:
-    port = free_port()
+    hold = ExitStack()
+    port = hold.enter_context(held_port())  # nobody else's until the extender listens on it
     log = tmp_path / "extender.log"
     full = {**os.environ, "DSEXT_HOST": "127.0.0.1", "DSEXT_PORT": str(port), **env}
     with open(log, "wb") as out:
@@ -33,8 +35,10 @@ def _run_extender(tmp_path: Path, env: dict[str, str]) -> list[str]:
             except httpx.HTTPError:
                 assert process.poll() is None and time.monotonic() < deadline, log.read_text()
                 time.sleep(0.1)
+        hold.close()
         assert httpx.post(f"http://127.0.0.1:{port}/filter", content=b"not json", timeout=30).status_code == 400
     finally:
+        hold.close()
         process.terminate()
         process.wait(60)
     return [line for line in log.read_text().splitlines() if line.strip()]

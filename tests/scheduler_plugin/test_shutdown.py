@@ -8,17 +8,19 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 
 import pytest
 
 from scheduler_plugin.__main__ import SHUTDOWN_GRACE_S
-from tools.support.harness import free_port
+from tools.support.harness import held_port
 
 pytestmark = pytest.mark.slow
 
 
 def test_the_extender_exits_after_sigterm_with_a_request_stalled_mid_body() -> None:
-    port = free_port()
+    hold = ExitStack()
+    port = hold.enter_context(held_port())  # nobody else's until the extender listens on it
     env = {**os.environ, "DSEXT_HOST": "127.0.0.1", "DSEXT_PORT": str(port)}
     process = subprocess.Popen(
         [sys.executable, "-m", "scheduler_plugin"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -33,6 +35,7 @@ def test_the_extender_exits_after_sigterm_with_a_request_stalled_mid_body() -> N
             except OSError:
                 assert process.poll() is None and time.monotonic() < deadline, "extender did not start"
                 time.sleep(0.1)
+        hold.close()
         idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert idle.recv(1024).startswith(b"HTTP/1.1 200")
         stalled = socket.create_connection(("127.0.0.1", port))
@@ -43,6 +46,7 @@ def test_the_extender_exits_after_sigterm_with_a_request_stalled_mid_body() -> N
         # the grace period plus a generous margin for a loaded machine
         process.wait(SHUTDOWN_GRACE_S + 20)
     finally:
+        hold.close()
         for sock in held:
             sock.close()
         if process.poll() is None:

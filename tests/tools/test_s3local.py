@@ -8,11 +8,12 @@ import signal
 import socket
 import subprocess
 import sys
+from contextlib import ExitStack
 
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tools.support.harness import free_port
+from tools.support.harness import held_port
 
 pytestmark = pytest.mark.slow  # each test starts the server as a process
 
@@ -20,7 +21,8 @@ pytestmark = pytest.mark.slow  # each test starts the server as a process
 def test_the_local_s3_server_serves_its_bucket_to_the_environment_it_prints() -> None:
     import s3fs
 
-    port = free_port()
+    hold = ExitStack()
+    port = hold.enter_context(held_port())  # nobody else's until the server listens on it
     proc = subprocess.Popen(
         [sys.executable, str(REPO_ROOT / "tools/s3local/serve.py"), "--port", str(port), "--bucket", "trial"],
         stdout=subprocess.PIPE,
@@ -30,6 +32,7 @@ def test_the_local_s3_server_serves_its_bucket_to_the_environment_it_prints() ->
     try:
         assert proc.stdout is not None
         lines = [proc.stdout.readline() for _ in range(3)]
+        hold.close()  # it printed its endpoint: it listens
         assert f"S3 server on http://127.0.0.1:{port}" in lines[0] and "s3://trial" in lines[0], lines
         exports = dict(part.split("=", 1) for part in lines[2].split()[1:])
         assert exports["AWS_ENDPOINT_URL"] == f"http://127.0.0.1:{port}"
@@ -42,6 +45,7 @@ def test_the_local_s3_server_serves_its_bucket_to_the_environment_it_prints() ->
         fs.pipe("trial/store/hello.txt", b"round trip")
         assert fs.cat("trial/store/hello.txt") == b"round trip"
     finally:
+        hold.close()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
         if proc.stdout is not None:

@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         print("s3-local: error: moto's server is not installed (pip install 'moto[server]')", file=sys.stderr)
         return 2
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: busy means listened on
         try:
             probe.bind((args.host, args.port))
         except OSError as exc:

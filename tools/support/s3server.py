@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from tools.support.harness import free_port
+from tools.support.harness import held_port
 
 KEY, SECRET = "testing-key", "testing-secret"
 
@@ -29,7 +29,11 @@ class S3Server:
     """``moto.server`` on 127.0.0.1; ``auth_actions`` unauthenticated calls, then IAM is enforced."""
 
     def __init__(self, log: Path, *, auth_actions: int | None = None) -> None:
-        self.port = free_port()
+        with held_port() as port:  # nobody else's until the server listens on it
+            self.port = port
+            self._start(log, auth_actions)
+
+    def _start(self, log: Path, auth_actions: int | None) -> None:
         self.endpoint = f"http://127.0.0.1:{self.port}"
         env = {
             **os.environ,

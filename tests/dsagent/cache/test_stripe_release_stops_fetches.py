@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -70,9 +71,7 @@ def test_a_release_does_not_wait_out_a_busy_peer(
     www, url, server = loopback
     write_tree(www / "src", {f"d{i % 3}/f{i:03d}.bin": bytes([i]) * (2000 + i) for i in range(24)})
     manifest = pack(www / "src", www / "store", name="imgs", max_files=4)
-    agent = agent_factory(
-        env={"DSAGENT_NODE_NAME": NODE, "DSAGENT_PEER_TOKEN": TOKEN, "DSAGENT_PEER_WAIT": "120s"}
-    )
+    agent = agent_factory(env={"DSAGENT_NODE_NAME": NODE, "DSAGENT_PEER_TOKEN": TOKEN, "DSAGENT_PEER_WAIT": "120s"})
     body = {"store": f"{url}/store", "members": [NODE, OTHER], "peers": {OTHER: busy_peer}}
     with unix_client(agent, ADMIN_TOKEN) as operator:
         held = operator.put("/v1/stripes/imgs", json=body)
@@ -112,7 +111,7 @@ def test_a_stopped_store_download_ends_between_two_files_and_leaves_nothing(tmp_
     (ref,) = manifest.bundles
     counts = {"peer_bundles": 0, "store_bundles": 0}
     sources = BundleSources(Settings(root=tmp_path / "cache", node_name=NODE), None, counts)  # type: ignore[arg-type]
-    version = type("V", (), {"manifest": manifest, "store": str(tmp_path / "store"), "storage_options": {}, "peers": {}})
+    version = SimpleNamespace(manifest=manifest, store=str(tmp_path / "store"), storage_options={}, peers={})
     into = tmp_path / "share"
     into.mkdir()
     stop = _SetAfter(3)  # the look before the store, then two pieces of the bundle
@@ -127,7 +126,7 @@ def test_a_stopped_store_download_ends_between_two_files_and_leaves_nothing(tmp_
 
 def test_a_stopped_peer_body_ends_at_its_next_piece() -> None:
     stop = threading.Event()
-    ref = type("R", (), {"digest": "a" * 32, "size": 1 << 20})
+    ref = SimpleNamespace(digest="a" * 32, size=1 << 20)
     body = _PeerBody(iter([b"x" * 100, b"y" * 100, b"z" * 100]), 1 << 30, time.monotonic() + 60, 1, ref, stop)  # type: ignore[arg-type]
     assert body.read(1000) == b"x" * 100
     stop.set()

@@ -112,7 +112,7 @@ def test_a_store_without_the_dataset_is_bundle_missing_unless_the_request_allows
     """A dataset missing from the ``bundles`` store is not copied file by file and
     reported ready: it fails (bundle_missing, 404's family) with nothing ready, and
     only ``allowPerFile`` takes the per-file path; an unreachable store keeps its own code."""
-    from tools.support.harness import free_port
+    from tools.support.harness import held_port
 
     s3.create_bucket("datasets")
     upload(s3, awkward_dataset, "s3://datasets/raw/awk")
@@ -139,7 +139,8 @@ def test_a_store_without_the_dataset_is_bundle_missing_unless_the_request_allows
         assert all((copied / name).read_bytes() == data for name, data in AWKWARD_FILES.items())
 
         # a store that cannot be reached is not "missing": it keeps source_unavailable
-        down = {"endpoint_url": f"http://127.0.0.1:{free_port()}"}
-        client.submit_task("pod-d", [{**request, "name": "down", "storageOptions": down}], wait=30)
-        record = wait_ready(client, "pod-d")
+        with held_port() as port:  # held, never listened on: nothing answers there
+            down = {"endpoint_url": f"http://127.0.0.1:{port}"}
+            client.submit_task("pod-d", [{**request, "name": "down", "storageOptions": down}], wait=30)
+            record = wait_ready(client, "pod-d")
         assert record["datasets"][0]["error"]["code"] == "source_unavailable", record

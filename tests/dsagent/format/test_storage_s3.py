@@ -128,23 +128,24 @@ def test_pack_never_creates_a_bucket(s3: S3Server, awkward_dataset: Path, capsys
 def test_unreachable_endpoint_fails_fast_with_one_line(
     awkward_dataset: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tools.support.harness import free_port
+    from tools.support.harness import held_port
 
     isolate_aws(monkeypatch)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
     monkeypatch.setenv("DSAGENT_STORAGE_CONNECT_TIMEOUT", "2s")
     start = time.monotonic()
-    code, _, err = dsctl(
-        capsys,
-        "unpack",
-        "s3://datasets/store",
-        "/nonexistent/out",
-        "--name",
-        "awk",
-        "--store-option",
-        f"endpoint_url=http://127.0.0.1:{free_port()}",
-    )
+    with held_port() as port:  # held, never listened on: nothing answers there
+        code, _, err = dsctl(
+            capsys,
+            "unpack",
+            "s3://datasets/store",
+            "/nonexistent/out",
+            "--name",
+            "awk",
+            "--store-option",
+            f"endpoint_url=http://127.0.0.1:{port}",
+        )
     assert code == 7
     assert "store unreachable" in one_line(err) and "endpoint_url" in err
     # a bound, not a speed figure: the default retries with backoff take minutes; a loaded

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from dsagent.kube.datasets import DatasetClient
 from dsagent.webhook.mutation import INIT_CONTAINER, Injection
 from dsagent.webhook.server import decide, response
 from tools.support.fake_apiserver import FakeApiServer, json_patch, make_dataset
-from tools.support.harness import free_port
+from tools.support.harness import held_port
 
 pytestmark = pytest.mark.slow
 
@@ -145,7 +145,8 @@ def webhook_process(
     """``python -m dsagent.webhook`` with the chart's TLS, reading Datasets
     from ``apiserver``; yields ``{"port", "context", "host", "process"}``."""
     kubeconfig = apiserver.write_kubeconfig(folder / "config")
-    port = free_port()
+    hold = ExitStack()
+    port = hold.enter_context(held_port())  # nobody else's until the webhook listens on it
     files = chart_tls["files"]
     env = {
         **webhook_environment(),
@@ -177,8 +178,10 @@ def webhook_process(
                         f"webhook did not start: {process.stdout.read() if process.stdout else ''!r}"
                     ) from None
                 time.sleep(0.1)
+        hold.close()
         yield server
     finally:
+        hold.close()
         process.terminate()
         process.wait(10)
         if process.stdout:
@@ -310,7 +313,8 @@ def test_the_tls_webhook_exits_soon_after_sigterm_with_a_client_holding_a_connec
     used to hold the TLS webhook past its SIGTERM deadline; now the grace period ends it."""
     from dsagent.webhook.server import SHUTDOWN_GRACE_S
 
-    port = free_port()
+    hold = ExitStack()
+    port = hold.enter_context(held_port())  # nobody else's until the webhook listens on it
     files = chart_tls["files"]
     env = {
         **webhook_environment(),
@@ -339,6 +343,7 @@ def test_the_tls_webhook_exits_soon_after_sigterm_with_a_client_holding_a_connec
             except OSError:
                 assert process.poll() is None and time.monotonic() < deadline, "webhook did not start"
                 time.sleep(0.1)
+        hold.close()
         # one connection with a finished request kept alive, one that never starts its handshake
         kept = socket.create_connection(("127.0.0.1", port))
         tls = server["context"].wrap_socket(kept, server_hostname=chart_tls["host"])
@@ -349,6 +354,7 @@ def test_the_tls_webhook_exits_soon_after_sigterm_with_a_client_holding_a_connec
         # the grace period plus a generous margin for a loaded machine, well under the chart's 30 s
         process.wait(SHUTDOWN_GRACE_S + 20)
     finally:
+        hold.close()
         for sock in idle:
             sock.close()
         if process.poll() is None:
