@@ -177,9 +177,9 @@ def test_without_links_or_with_enough_bundles_nothing_is_ranged(
 
 @pytest.fixture
 def big(tmp_path: Path) -> tuple[Path, Manifest]:
-    """A dataset of one 24 MB bundle (incompressible), packed under ``www``."""
+    """A dataset of one 48 MB bundle (incompressible), packed under ``www``."""
     www = tmp_path / "www"
-    write_tree(www / "src", {f"big/{i:02d}.bin": os.urandom(1 << 20) for i in range(24)})
+    write_tree(www / "src", {f"big/{i:02d}.bin": os.urandom(1 << 20) for i in range(48)})
     return www, pack(www / "src", www / "store", name="big")
 
 
@@ -195,9 +195,11 @@ def server_apart(big: tuple[Path, Manifest]) -> Iterator[RangedServerProcess]:
 def test_the_spools_are_bounded_and_leave_nothing(
     server_apart: RangedServerProcess, big: tuple[Path, Manifest], tmp_path: Path
 ) -> None:
-    """A 24 MB bundle in 3 ranges, each answer capped at 32 MB/s: the later ranges arrive
+    """A 48 MB bundle in 3 ranges, each answer capped at 32 MB/s: the later ranges arrive
     while the first is unpacked. The disk their spools held is at most what
-    :func:`spool_bound` reserved; memory holds a few chunks, never a range. The memory is
+    :func:`spool_bound` reserved; memory holds a few chunks, never a range (16 MB): a chunk
+    a range in flight, the read-ahead's and the decoder's, the one being written, about
+    4 MB, and twice that when the writes fall behind on a loaded machine. The memory is
     that of the process's second fetch: what the first does once (import modules, start
     the HTTP client's event loop, open a filesystem and a session per link) is no spool's."""
     _, manifest = big
@@ -226,7 +228,7 @@ def test_the_spools_are_bounded_and_leave_nothing(
     bound = spool_bound(manifest, 3, minimum)
     assert bound == bundle.compressed_size - plan[0][1]
     assert bound // 2 < done.peak_spooled <= bound, f"spooled {done.peak_spooled} of at most {bound}"
-    assert peak_memory < 8 * CHUNK < bound // 2, f"{peak_memory} bytes in memory at the peak"
+    assert peak_memory < 12 * CHUNK < bound // 2, f"{peak_memory} bytes in memory at the peak"
     assert sorted(done.carried) == sorted(LINKS) and sum(done.carried.values()) == bundle.compressed_size
     assert not any((staging / STAGING_DIR).glob("*")), "the spools have no names to leave behind"
 
