@@ -44,6 +44,7 @@ suite runs ``--smoke`` (100 nodes, 20 requests).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -64,6 +65,7 @@ import httpx  # noqa: E402
 from scheduler_plugin.testing import args_body, holding, inventory_json, node, pod, topology_json  # noqa: E402
 from tools.bench.support.record import Record  # noqa: E402
 from tools.support.fake_apiserver import FakeApiServer, make_nodecache  # noqa: E402
+from tools.support.harness import held_port  # noqa: E402
 
 #: the targets ``--json`` records (milliseconds), by (mode, nodes, percentile)
 TARGETS_MS = {
@@ -240,13 +242,6 @@ def floor(bodies: list[bytes], repeat: int) -> float:
     return statistics.median(times)
 
 
-def free_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on now (the extender binds it right after)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def cpu_seconds(pid: int) -> float | None:
     """CPU time (user + system) a process has used so far, or None without ``/proc``."""
     try:
@@ -288,8 +283,9 @@ def main() -> None:
     opts = parser.parse_args()
     if opts.smoke:
         opts.nodes, opts.requests = "100", 20
+    hold = contextlib.ExitStack()
     if opts.port == 0:
-        opts.port = free_port()
+        opts.port = hold.enter_context(held_port())  # nobody else's until the extender listens on it
     sizes = [int(s) for s in opts.nodes.split(",")]
     modes = opts.modes.split(",")
     nodecaches: list[dict[str, Any]] | None = None if opts.annotations else []
@@ -334,6 +330,7 @@ def main() -> None:
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{opts.port}", timeout=120) as http:
                 wait_ready(http)
+            hold.close()
             conn = Connection(opts.port) if opts.client == "socket" else HttpxConnection(opts.port)
             try:
                 for mode in modes:
@@ -389,6 +386,7 @@ def main() -> None:
             finally:
                 conn.close()
         finally:
+            hold.close()
             server.terminate()
             server.wait(10)
             log_file.close()

@@ -32,6 +32,7 @@ layout and verb. Linux only (``/proc``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -47,7 +48,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from scheduler_plugin.testing import args_body, pod  # noqa: E402
-from tools.bench.extender import Connection, churn, free_port, make_nodes  # noqa: E402
+from tools.bench.extender import Connection, churn, make_nodes  # noqa: E402
+from tools.support.harness import held_port  # noqa: E402
 
 MIB = 1 << 20
 LAYOUTS = ("go", "spaced", "reordered")
@@ -142,10 +144,12 @@ def check_reply(verb: str, reply: bytes, names: list[str]) -> None:
 
 def measure(layout: str, verb: str, bodies: list[bytes], names: list[str]) -> tuple[int, int]:
     """(idle RSS, peak RSS) of a fresh extender answering ``bodies`` on ``verb``."""
-    port = free_port()
+    hold = contextlib.ExitStack()
+    port = hold.enter_context(held_port())  # nobody else's until the extender listens on it
     server = start_extender(port)
     try:
         wait_healthy(port, server)
+        hold.close()
         idle = rss(server.pid)
         conn = Connection(port, timeout=600)
         try:
@@ -155,6 +159,7 @@ def measure(layout: str, verb: str, bodies: list[bytes], names: list[str]) -> tu
             conn.close()
         return idle, peak_rss(server.pid)
     finally:
+        hold.close()
         server.terminate()
         server.wait(30)
 

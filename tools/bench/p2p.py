@@ -29,11 +29,11 @@ The test suite runs ``--smoke`` (tests/tools/test_bench_smoke.py). Data goes und
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.server
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -48,6 +48,7 @@ from dsagent.api.client import AgentClient
 from dsagent.errors import AgentUnreachable
 from dsagent.format.bundles.bundle import pack
 from dsplatform.units import format_size, parse_size
+from tools.support.harness import held_ports
 
 PEER_TOKEN = "bench-peer-token-0123456789abcdef"
 
@@ -152,17 +153,11 @@ def reset_store(base: str) -> None:
 # --------------------------------------------------------------------------- agents
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Agent:
-    def __init__(self, work: Path, index: int) -> None:
+    def __init__(self, work: Path, index: int, port: int) -> None:
         self.root = work / f"agent{index}"
         self.socket = work / f"a{index}.sock"
-        self.port = free_port()
+        self.port = port
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = work / f"agent{index}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -231,7 +226,8 @@ def run(work: Path, store: str, count: int, *, peers: bool, workers: int, seed: 
     """One run: ``count`` fresh agents cache the dataset; with ``peers`` and ``seed``, one first."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    agents = [Agent(work, i) for i in range(count)]
+    hold = contextlib.ExitStack()  # the agents list each other: each port held until its agent listens
+    agents = [Agent(work, i, port) for i, port in enumerate(hold.enter_context(held_ports(count)))]
     try:
         for agent in agents:
             env = {
@@ -250,6 +246,7 @@ def run(work: Path, store: str, count: int, *, peers: bool, workers: int, seed: 
             agent.start(env)
         for agent in agents:
             agent.wait_up()
+        hold.close()
         reset_store(store)
         started = time.perf_counter()
         first = None
@@ -266,6 +263,7 @@ def run(work: Path, store: str, count: int, *, peers: bool, workers: int, seed: 
         return {"seconds": elapsed, "first": first, "store": every, "store_bundles": bundles,
                 "served": sum(t[0] for t in traffic), "fetched": sum(t[1] for t in traffic)}  # fmt: skip
     finally:
+        hold.close()
         for agent in agents:
             agent.stop()
 

@@ -15,6 +15,7 @@ and the largest bundle. A bundle is re-packed as a stream, so the growth should 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import shutil
@@ -30,18 +31,10 @@ ROOT = Path(__file__).resolve().parents[1].parent
 sys.path.insert(0, str(ROOT))
 
 from dsagent.format.bundles.bundle import pack  # noqa: E402
-from tools.support.harness import LOOPBACK  # noqa: E402
+from tools.support.harness import LOOPBACK, held_port  # noqa: E402
 
 TOKEN = "bench-peer-token-0123456789abcdef"
 ADMIN = "bench-admin-token-0123456789abcdef"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _hwm(pid: int) -> int:
@@ -75,7 +68,8 @@ def main() -> None:
             path.write_bytes(rng.randbytes(args.kb * 1000))
     shutil.rmtree(work / "store", ignore_errors=True)
     manifest = pack(src, work / "store", name="bench", max_files=args.max_files)
-    port = _free_port()
+    hold = contextlib.ExitStack()
+    port = hold.enter_context(held_port())  # nobody else's until the agent listens on it
     root = work / "agent"
     sock = work / "agent.sock"
     env = {**os.environ, "DSAGENT_EGRESS_ALLOW": ",".join(LOOPBACK), "DSAGENT_ADMIN_TOKEN": ADMIN,
@@ -100,6 +94,7 @@ def main() -> None:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise SystemExit(f"the agent did not start:\n{(work / 'agent.log').read_text()[-2000:]}")
                 time.sleep(0.1)
+            hold.close()
             answer = client.put(f"{base}/v1/stripes/bench", headers=admin,
                                 json={"store": str(work / "store"), "members": ["n0"]})  # fmt: skip
             answer.raise_for_status()
@@ -126,6 +121,7 @@ def main() -> None:
         seconds = time.monotonic() - started
         after = _hwm(proc.pid)
     finally:
+        hold.close()
         proc.terminate()
         proc.wait(timeout=30)
         log.close()

@@ -13,6 +13,7 @@ as Prometheus does).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import subprocess
@@ -27,6 +28,9 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
+from tools.support.harness import held_ports  # noqa: E402
+
 TOKEN = "demo-admin-token-0123456789"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -38,14 +42,6 @@ def scrape(url: str) -> Samples:
         for f in text_string_to_metric_families(text)
         for s in f.samples
     }
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_extender(port: int) -> None:
@@ -76,7 +72,8 @@ def run(seconds: float, work: Path) -> list[tuple[float, Samples, Samples]]:
         d.mkdir(parents=True)
         for j in range(rng.randint(4, 12)):
             (d / f"f{j}.bin").write_bytes(os.urandom(rng.randint(40_000, 160_000)))
-    agent_port, ext_port = free_port(), free_port()
+    hold = contextlib.ExitStack()  # both ports nobody else's until the agent and the extender listen
+    agent_port, ext_port = hold.enter_context(held_ports(2))
     env = {**os.environ, "DSAGENT_ADMIN_TOKEN": TOKEN, "DSAGENT_CAPACITY": "3MB", "DSAGENT_SWEEP_INTERVAL": "5"}
     log = open(work / "agent.log", "wb")
     agent = subprocess.Popen(
@@ -107,6 +104,7 @@ def run(seconds: float, work: Path) -> list[tuple[float, Samples, Samples]]:
             break
         except httpx.HTTPError:
             time.sleep(0.1)
+    hold.close()
     topo = topology_json()
     nodes = [
         node(

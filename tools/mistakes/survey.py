@@ -46,6 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script from anywhere
+from tools.support.harness import held_port  # noqa: E402
+
 BIN = Path(sys.executable).parent
 DSCTL = [str(BIN / "dsctl")] if (BIN / "dsctl").exists() else [sys.executable, "-m", "dsagent.cli"]
 DSAGENT = [str(BIN / "dsagent")] if (BIN / "dsagent").exists() else [sys.executable, "-m", "dsagent"]
@@ -426,12 +429,6 @@ def _words(command: str) -> list[str]:
     return words
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run(argv: list[str], env: dict[str, str], timeout: float) -> tuple[int | None, str]:
     """Run one command; None for the exit code when it had to be stopped."""
     proc = subprocess.Popen(
@@ -470,8 +467,8 @@ def world() -> Iterator[World]:
     _damaged_stores(store, tmp)
     _partial_copies(data, tmp)
     sock = tmp / "root" / "dsagent.sock"
-    extender_port = _free_port()
     with contextlib.ExitStack() as stack:
+        extender_port = stack.enter_context(held_port())  # nobody else's until the extender listens on it
         # the survey's stores and unreachable endpoints are on loopback: allowed as an operator would
         agent_env = {**env, "DSAGENT_EGRESS_ALLOW": "127.0.0.0/8,::1"}
         agent = stack.enter_context(

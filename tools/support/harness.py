@@ -148,14 +148,6 @@ def eventually(predicate: Callable[[], Any], timeout: float = 30, what: str = "c
         time.sleep(0.05)
 
 
-def free_port() -> int:
-    """A TCP port no socket holds on any address: probed on the wildcard address, since
-    tests also listen on 127.0.0.2 and up, which a probe on 127.0.0.1 would not see."""
-    with socket.socket() as sock:
-        sock.bind(("0.0.0.0", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def held_port() -> Iterator[int]:
     """A TCP port kept from everyone else while the block runs, for servers that bind it
@@ -177,9 +169,8 @@ def held_port() -> Iterator[int]:
 def held_ports(count: int) -> Iterator[list[int]]:
     """``count`` ports, each kept as :func:`held_port` keeps one, for agents that each listen
     on their own port and must know the others' before they start (peers that list each
-    other). Ports only probed with :func:`free_port` and let go were taken, before the
-    agents bound them, by other tests' outgoing connections, whose ephemeral ports come
-    from the same range."""
+    other). Ports only probed and let go were taken, before the agents bound them, by
+    other tests' outgoing connections, whose ephemeral ports come from the same range."""
     with contextlib.ExitStack() as stack:
         yield [stack.enter_context(held_port()) for _ in range(count)]
 
