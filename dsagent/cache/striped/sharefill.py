@@ -90,11 +90,12 @@ class Share:
     holders: set[Holder] = field(default_factory=set)  # the Datasets it is held for: whose pods read it
     whole: bool = False  # every bundle held here, not only the owned ones (``owned`` lists them all)
     inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # bundles being fetched into it
+    visits: set[asyncio.Future[None]] = field(default_factory=set)  # bundles being fetched into its window
     on_demand: bool = False  # storeOnDemand: the store is read only for bundles a reader waits for
     window_bytes: int = 0  # bytes this node's readers took through the window since the share was held
     kept_bytes: int = 0  # the version's manifest kept beside it, for a restart (ShareRecords._prepare)
-    # set while its fill is being stopped: the fetches under way, on threads no cancel
-    # reaches, end at their next step (stripefetch.BundleSources.fetch)
+    # set once its fill is stopped (let go, re-planned): the fetches under way, on threads no
+    # cancel reaches, end at their next step (stripefetch.BundleSources.fetch)
     stop: threading.Event = field(default_factory=threading.Event)
 
     @property

@@ -378,26 +378,27 @@ class StripeShares(ShareRecords, ShareFill):
         complete stops filling (nobody asked for the rest) and keeps the bundles it holds."""
         if not share.complete_whole:
             await self._stop_fill(share)
+            share.stop.clear()  # held again, it fills anew
         share.expires = math.inf
         await self.pools.work(self._remember, share)
 
     @staticmethod
     async def _stop_fill(share: Share) -> None:
-        """Stop a share's fill and wait for it to end, and for the bundle fetches it had under
-        way (each runs on a thread no cancel stops: one left running would write into a
-        directory being removed). They are told to stop (:attr:`Share.stop`) and end at their
-        next step, not after a busy peer's wait or a whole bundle: a release or a new group
-        waits at most for one read. The bundles it holds stay (a kept part), and nothing is
-        reserved for the rest (:meth:`pending_bytes` counts filling shares)."""
+        """Stop a share's fill and wait for it to end, and for the bundle fetches under way
+        into its directory, its own and its window's (each runs on a thread no cancel stops:
+        one left running would write into a directory being removed). They are told to stop
+        (:attr:`Share.stop`, left set: a fetch asked for meanwhile ends at once too; a share
+        kept and filled again clears it) and end at their next step, not after a busy peer's
+        wait or a whole bundle: a release or a new group waits at most for one read. The
+        bundles it holds stay (a kept part), and nothing is reserved for the rest
+        (:meth:`pending_bytes` counts filling shares)."""
         share.stop.set()
-        try:
-            if share.task is not None:
-                share.task.cancel()
-                await asyncio.gather(share.task, return_exceptions=True)
-            while share.inflight:  # a fetch a reader or a peer brought forward ends as the fill's
-                await asyncio.gather(*share.inflight.values(), return_exceptions=True)
-        finally:
-            share.stop.clear()  # a part kept and held again fills anew
+        if share.task is not None:
+            share.task.cancel()
+            await asyncio.gather(share.task, return_exceptions=True)
+        # a fetch a reader or a peer brought forward ends as the fill's; a window fetch as well
+        while share.inflight or share.visits:
+            await asyncio.gather(*share.inflight.values(), *share.visits, return_exceptions=True)
 
     async def expire(self) -> list[Key]:
         """Drop the shares whose lease lapsed (the sweep calls it): nobody held them again, and
@@ -502,7 +503,11 @@ class StripeShares(ShareRecords, ShareFill):
 
             async def fetch(directory: Path) -> None:
                 copies = await self.sources.copies(*key)
-                await self.pools.work(self._fetch_visiting, share, ref, directory, copies)
+                # on a thread a reader's cancel does not stop: a release waits for it (_stop_fill)
+                work = asyncio.ensure_future(self.pools.work(self._fetch_visiting, share, ref, directory, copies))
+                share.visits.add(work)
+                work.add_done_callback(share.visits.discard)
+                await asyncio.shield(work)
 
             directory = self.version_dir(key) / "window" / bundle
             where, release = await self.window.open((key, bundle), directory, self.disk(ref.size, ref.count), fetch)
@@ -522,7 +527,7 @@ class StripeShares(ShareRecords, ShareFill):
         directory.mkdir(parents=True)
         bundle = next(b for b in share.layout.bundles if b.digest == ref.digest)
         order = [bundle.owner, *(m for m in share.layout.members if m != bundle.owner)]
-        self.sources.fetch(share, ref, directory, order, copies=copies, fresh=True, reader=True)
+        self.sources.fetch(share, ref, directory, order, copies=copies, fresh=True, reader=True, stop=share.stop)
 
 
 def _done_reading(share: Share) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
 
 from dsagent.cache.peers.peerfetch import _PeerBody
@@ -28,7 +29,8 @@ from dsagent.cache.settings import Settings
 from dsagent.cache.striped.stripefetch import BundleSources
 from dsagent.errors import FetchStopped
 from dsagent.format.bundles.bundle import pack
-from tests.dsagent.api.test_pod_rights import unix_client
+from tests.dsagent.api.test_pod_rights import POD, unix_client
+from tests.dsagent.cache.test_stripe_lease import _pod_agent, _store
 from tests.dsagent.conftest import write_tree
 from tools.support.harness import ADMIN_TOKEN, LoopbackServer
 
@@ -90,6 +92,44 @@ def test_a_release_does_not_wait_out_a_busy_peer(
         assert operator.get(f"/v1/stripes/imgs/{manifest.digest}").status_code == 404
     assert not (agent.root / "stripes" / "imgs" / manifest.digest).exists()
     assert server.gets(lambda p: "/bundles/" in p) == {}  # stopped before the store, not sent to it
+
+
+def test_a_release_stops_a_window_fetch_and_leaves_nothing_behind(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], tmp_path: Path, busy_peer: str
+) -> None:
+    """This node holds no share (``noShare``): its pod reads a bundle through the window,
+    asked of the owner, which answers "later". Released meanwhile, the window's fetch ends
+    too, before the version's directory goes: it does not go on to the store after the peer
+    wait and write the bundle into a directory nobody holds."""
+    www, url, _ = loopback
+    manifest = _store(www)
+    agent = _pod_agent(agent_factory, tmp_path, DSAGENT_PEER_TOKEN=TOKEN, DSAGENT_PEER_WAIT="3s")
+    version = agent.root / "stripes" / "imgs" / manifest.digest
+    bundle = manifest.bundles[0]
+    route = f"/v1/stripes/imgs/{manifest.digest}/bundles/{bundle.digest}"
+    body = {"store": f"{url}/store", "members": [NODE, OTHER], "peers": {OTHER: busy_peer}, "noShare": [NODE]}
+    answers: list[httpx.Response] = []
+
+    def read() -> None:
+        with unix_client(agent) as reader:
+            answers.append(reader.get(route))
+
+    with unix_client(agent) as pod, unix_client(agent, ADMIN_TOKEN) as operator:
+        assert operator.put("/v1/stripes/imgs", json=body).status_code == 200
+        mine = {"name": "imgs", "source": "memory://stripe-release/none", "bundles": f"{url}/store"}
+        assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [mine]}).status_code == 200
+        reading = threading.Thread(target=read)
+        reading.start()
+        deadline = time.monotonic() + 30
+        while _AlwaysLater.asks < 1:  # the window's fetch waits on the owner
+            assert time.monotonic() < deadline, "the window never asked the owner"
+            time.sleep(0.05)
+        released = operator.delete("/v1/stripes/imgs")
+        assert released.status_code == 200, released.text
+        reading.join(30)
+    time.sleep(4)  # past the peer wait, when a fetch left running would read the store
+    assert not version.exists(), sorted(p.relative_to(agent.root) for p in version.rglob("*"))
+    assert [a.status_code for a in answers] == [503], [a.text[:200] for a in answers]  # ask again
 
 
 class _SetAfter(threading.Event):
