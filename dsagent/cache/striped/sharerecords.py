@@ -123,6 +123,9 @@ class ShareRecords:
                     await self.pools.work(shutil.rmtree, path.parent, True)
                     continue
                 manifest = await self.pools.work(self._kept_manifest, path.parent, digest)
+                # the window's bundles of the run before: this run's window does not know them,
+                # so nothing would count their disk or ever evict them
+                await self.pools.work(shutil.rmtree, path.parent / "window", True)
                 await self.hold(name, record["store"], record["members"], record["peers"], digest=digest,
                                 no_share=record.get("noShare", ()), ready_after=int(record.get("readyAfter", 1)),
                                 lease=min(left, lease) if left > 0 else lease, whole=record.get("whole") is True,

@@ -342,6 +342,32 @@ def test_a_filling_shares_room_stays_taken_while_it_fills(
         assert space["usedBytes"] <= capacity, space
 
 
+def test_a_restart_leaves_no_window_bundle_it_does_not_count(imgs: _Imgs) -> None:
+    """The window is the running agent's: a bundle its readers took before a restart is known
+    to no window after it (nothing would count its disk or evict it), so it goes."""
+    manifest, url, _, agent = imgs
+    bundle = manifest.bundles[0]
+    window = agent.root / "stripes" / "imgs" / manifest.digest / "window"
+    with unix_client(agent) as pod, unix_client(agent, ADMIN_TOKEN) as operator:
+        assert _hold(operator, url, members=[NODE, "node-b"], noShare=[NODE]).status_code == 200
+        mine = {"name": "imgs", "source": "memory://stripe-lease/none", "bundles": f"{url}/store"}
+        assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [mine]}).status_code == 200
+        assert _bundle_names(pod, manifest, bundle) == [e.path for e in manifest.bundle_entries(bundle)]
+    assert [p.name for p in window.iterdir()] == [bundle.digest]
+    agent.stop()
+    agent.start()
+    with unix_client(agent) as pod, unix_client(agent, ADMIN_TOKEN) as operator:
+        deadline = time.monotonic() + 30
+        while operator.get(f"/v1/stripes/imgs/{manifest.digest}").status_code != 200:
+            assert time.monotonic() < deadline, "the share was not held again"
+            time.sleep(0.1)
+        assert list(window.iterdir()) == []
+        # read again, it is fetched again into this run's window
+        assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [mine]}).status_code == 200
+        assert _bundle_names(pod, manifest, bundle) == [e.path for e in manifest.bundle_entries(bundle)]
+    assert [p.name for p in window.iterdir()] == [bundle.digest]
+
+
 def test_a_member_without_a_share_holds_nothing_and_reads_through_its_window(imgs: _Imgs) -> None:
     manifest, url, server, agent = imgs
     pair = {"members": [NODE, "node-b"]}
