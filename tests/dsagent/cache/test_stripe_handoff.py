@@ -141,7 +141,8 @@ def test_an_agent_holding_no_share_stops_at_once(tmp_path: Path) -> None:
     code = _exit(agent, 10)
     took = time.monotonic() - started
     assert code in (0, -signal.SIGTERM), code
-    assert took < 3, f"SIGTERM took {took:.1f} s"
+    # at once, not after the 570 s grace: a bound a loaded test machine's process exit cannot reach
+    assert took < 20, f"SIGTERM took {took:.1f} s"
     assert "stripe hand-off" not in agent.log.read_text()
 
 
