@@ -101,7 +101,7 @@ def test_get_task_with_wait_answers_when_the_work_ends_not_after_the_wait(tmp_pa
             assert record.state == "ready" and time.monotonic() - started < 5
             again = time.monotonic()
             assert (await service.get_task("pod", wait=30)).state == "ready"
-            assert time.monotonic() - again < 1  # no work left: answered at once
+            assert time.monotonic() - again < 10  # no work left: answered at once, not after the 30 s wait
 
     asyncio.run(run())
 

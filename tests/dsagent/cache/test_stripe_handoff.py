@@ -138,7 +138,7 @@ def test_an_agent_holding_no_share_stops_at_once(tmp_path: Path) -> None:
     assert agent.proc is not None
     started = time.monotonic()
     agent.proc.send_signal(signal.SIGTERM)
-    code = _exit(agent, 10)
+    code = _exit(agent, 30)
     took = time.monotonic() - started
     assert code in (0, -signal.SIGTERM), code
     # at once, not after the 570 s grace: a bound a loaded test machine's process exit cannot reach
@@ -158,9 +158,9 @@ def test_a_release_ends_the_hand_off_at_once(tmp_path: Path, version: tuple[Mani
     released = time.monotonic()
     with admin(agent) as client:  # what the controller does once the new owners are complete
         assert client.delete("/v1/stripes/imgs").status_code == 200
-    code = _exit(agent, 10)
+    code = _exit(agent, 30)
     assert code in (0, -signal.SIGTERM), code
-    assert time.monotonic() - released < 3
+    assert time.monotonic() - released < 20  # at once, not after the 60 s grace
     assert "it holds no stripe share bundle" in _ended(agent)
 
 

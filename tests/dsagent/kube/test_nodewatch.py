@@ -149,8 +149,8 @@ def test_it_stops_at_once_while_its_watches_wait(server: FakeApiServer) -> None:
     assert nw.wait_synced(10)
     server.wait_for(lambda: len(server.requests_matching("GET", "/api/v1/nodes", watch=True)) > 0, what="a watch")
     started = time.monotonic()
-    nw.stop(timeout=5)
-    assert time.monotonic() - started < 3
+    nw.stop(timeout=60)
+    assert time.monotonic() - started < 20  # at once, not after the watch's 300 s (nor the 60 s join)
     api.close()
 
 
