@@ -23,6 +23,7 @@ runs ``--smoke`` (tests/tools/test_bench_smoke.py). Data goes under ``.bench/lin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -39,6 +40,7 @@ from dsagent.api.client import AgentClient
 from dsagent.errors import TransientError
 from dsagent.format.bundles.bundle import pack
 from dsplatform.units import format_size, parse_size
+from tools.support.harness import held_ports
 
 
 def wait_up(agent: Agent, timeout: float = 180.0) -> None:
@@ -62,9 +64,10 @@ def link_bytes(agent: Agent) -> dict[str, float]:
     return found
 
 
-def fetcher(work: Path, index: int, holder: Agent, links: list[str], workers: int) -> Agent:
-    """A fresh agent that fetches from ``holder`` over ``links`` (none: the default route), started."""
-    agent = Agent(work, index)
+def fetcher(work: Path, index: int, port: int, holder: Agent, links: list[str], workers: int) -> Agent:
+    """A fresh agent on ``port`` that fetches from ``holder`` over ``links`` (none: the default
+    route), started."""
+    agent = Agent(work, index, port)
     agent.start(
         {
             "DSAGENT_SWEEP_INTERVAL": "3600",
@@ -110,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     (work / "www").mkdir(parents=True)
     server = holder = None
     agents: list[Agent] = []
+    hold = contextlib.ExitStack()  # each agent's port nobody else's until it listens
     try:
         print(f"generating {args.files:,} files (~{args.mean_kb:g} kB) ...", flush=True)
         total = generate(work / "www" / "imgs", args.files, args.mean_kb, classes=20)
@@ -117,7 +121,8 @@ def main(argv: list[str] | None = None) -> None:
             work / "www" / "imgs", work / "www" / "store", name="imgs", max_bytes=parse_size(args.max_bytes)
         )
         store, server = start_store(work / "www")
-        holder = Agent(work, 0)
+        ports = hold.enter_context(held_ports(1 + 2 * args.rounds))
+        holder = Agent(work, 0, ports[0])
         holder.start(
             {
                 "DSAGENT_SWEEP_INTERVAL": "3600",
@@ -130,11 +135,12 @@ def main(argv: list[str] | None = None) -> None:
         )
         # every fetching agent started at once (starting is slow on a loaded machine), used in turn
         plan = [([] if i % 2 == 0 else addresses) for i in range(2 * args.rounds)]
-        agents = [fetcher(work, 1 + i, holder, links, workers) for i, links in enumerate(plan)]
+        agents = [fetcher(work, 1 + i, ports[1 + i], holder, links, workers) for i, links in enumerate(plan)]
         wait_up(holder)
         holder.cache(store)
         for agent in agents:
             wait_up(agent)
+        hold.close()
         runs: list[tuple[str, dict[str, Any]]] = []
         for agent, links in zip(agents, plan):  # interleaved: one link, several, one link, ...
             runs.append(("one link" if not links else f"{args.links} links", fetch(agent, store, links)))
@@ -160,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"every link carried bundles: {all(len(s) == args.links and all(s.values()) for s in spread)}")
         print(f"load average: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     finally:
+        hold.close()
         for agent in agents:
             agent.stop()
         if holder is not None:
