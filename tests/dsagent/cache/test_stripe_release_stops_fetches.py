@@ -30,12 +30,12 @@ from dsagent.cache.striped.stripefetch import BundleSources
 from dsagent.errors import FetchStopped
 from dsagent.format.bundles.bundle import pack
 from tests.dsagent.api.test_pod_rights import POD, unix_client
-from tests.dsagent.cache.test_stripe_lease import _pod_agent, _store
+from tests.dsagent.cache.test_stripe_lease import NODE, _pod_agent, _store
 from tests.dsagent.conftest import write_tree
 from tools.support.harness import ADMIN_TOKEN, LoopbackServer
 
 TOKEN = "p" * 40
-NODE, OTHER = "node-a", "node-b"
+OTHER = "node-b"
 
 
 class _AlwaysLater(BaseHTTPRequestHandler):
@@ -68,11 +68,10 @@ def busy_peer() -> Iterator[str]:
 
 
 def test_a_release_does_not_wait_out_a_busy_peer(
-    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], tmp_path: Path, busy_peer: str
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], busy_peer: str
 ) -> None:
     www, url, server = loopback
-    write_tree(www / "src", {f"d{i % 3}/f{i:03d}.bin": bytes([i]) * (2000 + i) for i in range(24)})
-    manifest = pack(www / "src", www / "store", name="imgs", max_files=4)
+    manifest = _store(www)
     agent = agent_factory(env={"DSAGENT_NODE_NAME": NODE, "DSAGENT_PEER_TOKEN": TOKEN, "DSAGENT_PEER_WAIT": "120s"})
     body = {"store": f"{url}/store", "members": [NODE, OTHER], "peers": {OTHER: busy_peer}}
     with unix_client(agent, ADMIN_TOKEN) as operator:
