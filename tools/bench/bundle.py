@@ -22,8 +22,8 @@ command's fixed cost (the interpreter's start, its imports, its pools), printed 
 share of dsctl's time on the dataset (a row, no ratio). Runs are interleaved (dsctl, C,
 in-process, then C, in-process, dsctl, ...: each round starts one side further on) so that
 all sides see the same load on a shared machine and none always runs after the same one,
-each after a ``sync``, page cache warm; each side's
-best of ``--repeat`` is printed with its CPU time (user + sys, all threads and children).
+each after a ``sync``, page cache warm; each side's best of ``--repeat`` is printed with its
+CPU time (user + sys, all threads and children).
 dsctl runs with the digest cache off (a cold pack), as ``dsctl`` from this interpreter's
 ``bin/`` (``python -m dsagent.cli`` without it), with bytecode caches written as a user's
 install has them (``PYTHONDONTWRITEBYTECODE`` is dropped for the children; one untimed
@@ -293,7 +293,7 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
     manifest_holder: list[object] = []
     # the fixed cost of each command, as users run it: the same dsctl on a dataset of one file
     # (the interpreter's start, the command's imports, its pools; what a large dataset hides)
-    one, one_store, one_out = work / "one", work / "store-one", work / "out-one"
+    one, one_store, one_packed, one_out = work / "one", work / "store-one", work / "store-one-b", work / "out-one"
     (one / "d").mkdir(parents=True, exist_ok=True)
     (one / "d" / "one.JPEG").write_bytes(b"one file")
     shutil.rmtree(one_store, ignore_errors=True)
@@ -303,12 +303,12 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
     )
     fixed_pack = Side(
         "dsctl pack, one file (fixed cost)",
-        dsctl(args.dsctl, "pack", str(one), "--name", "one", "--to", str(work / "store-one-b"), "--no-digest-cache"),
-        clear(work / "store-one-b"),
+        dsctl(args.dsctl, "pack", str(one), "--name", "one", "--to", str(one_packed), "--no-digest-cache"),
+        clear(one_packed),
     )
     fixed_unpack = Side(
         "dsctl unpack, one file (fixed cost)",
-        lambda: dsctl(args.dsctl, "unpack", str(one_store), str(one_out), "--name", "one")(),
+        dsctl(args.dsctl, "unpack", str(one_store), str(one_out), "--name", "one"),
         clear(one_out),
     )
 
@@ -434,7 +434,7 @@ def bench(work: Path, args: argparse.Namespace, cpus: int, record: Record) -> No
     for outputs in (ours_out, inproc_out, c_out):
         outputs.remove()
     shutil.rmtree(store, ignore_errors=True)
-    for path in (one, one_store, one_out, work / "store-one-b"):
+    for path in (one, one_store, one_packed, one_out):
         shutil.rmtree(path, ignore_errors=True)
     c_archive.unlink(missing_ok=True)
     if not args.keep:
