@@ -72,7 +72,8 @@ class Watches:
         self.page_size, self.request_timeout = page_size, request_timeout
         self.stopping = threading.Event()
         self.versions: dict[str, str] = {}  # resource -> the last resourceVersion seen (lists, events, bookmarks)
-        # the resources whose last list or watch failed and has not been made again since
+        # the resources whose list or watch failed and whose watch has not opened since: a
+        # list that succeeds between two failing watches is a snapshot, not a live resource
         self.failing: set[str] = set()
         self._responses: dict[str, Any] = {}
         self._threads: list[threading.Thread] = []
@@ -118,11 +119,11 @@ class Watches:
 
         def report(state: tenacity.RetryCallState) -> None:
             failed = state.outcome.exception() if state.outcome is not None else None
-            if not isinstance(failed, Absent):
-                self.failing.add(kind)
-            if isinstance(failed, Absent):
+            if isinstance(failed, Absent):  # an answer, not a failure: the reader goes on without it
+                self.failing.discard(kind)
                 self._log.info("%s; checking again in %.0fs", failed, self.absent_retry_s)
             else:
+                self.failing.add(kind)
                 self._log.warning("watch of %s failed: %s; retrying in %.1fs", kind, failed, self.retry_s)
 
         def sleep(seconds: float) -> None:
@@ -169,7 +170,6 @@ class Watches:
             if not token:
                 version = str(meta.get("resourceVersion") or "")
                 self.versions[kind] = version
-                self.failing.discard(kind)
                 return items, version
 
     def watch(self, kind: str, list_fn: ListFn, version: str) -> Iterator[tuple[str, Any]]:
@@ -194,7 +194,7 @@ class Watches:
                 if status_of(exc) == HTTP_GONE:
                     raise Gone(f"the watch of {kind} from resourceVersion {version} expired") from exc
                 raise
-            self.failing.discard(kind)
+            self.failing.discard(kind)  # live again: its watch is open
             self._responses[kind] = response
             try:
                 if self.stopping.is_set():  # stop() came while this watch opened: it did not see the response

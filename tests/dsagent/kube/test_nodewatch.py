@@ -61,6 +61,8 @@ def watch(server: FakeApiServer) -> Iterator[NodeWatch]:
     nw = NodeWatch(api, retry_s=0.05, watch_timeout_s=30, page_size=2)  # lists in pages
     nw.start()
     assert nw.wait_synced(10)
+    # listed, and both watches open: a fault or a closing set from here on meets them
+    server.wait_for(lambda: server.open_watches == 2, what="both watches open")
     yield nw
     nw.stop()
     api.close()
@@ -160,6 +162,13 @@ def test_while_a_watch_fails_it_is_not_synced_so_a_reader_lists_for_itself(
     server.fail(lambda r: r.is_watch, code=403)  # say, a ClusterRole without the watch verb
     server.close_watches()
     server.wait_for(lambda: not watch.synced, what="the watch failing")
+    # each try lists again and succeeds, then its watch fails: a list alone is not a live watch
+    lists = len(server.requests_matching("GET", "/api/v1/nodes", watch=False))
+    seen, deadline = set(), time.monotonic() + 30
+    while len(server.requests_matching("GET", "/api/v1/nodes", watch=False)) < lists + 6:
+        assert time.monotonic() < deadline, "the watch is not tried again"
+        seen.add(watch.synced)
+    assert seen == {False}
     server.create(make_node("meanwhile"))
     server.heal()
     server.wait_for(lambda: watch.synced and "meanwhile" in watched(watch), what="the watch back")
