@@ -121,7 +121,7 @@ def test_between_begin_and_settle_events_are_written_on_several_threads(
         started = time.monotonic()
         for ds in datasets:  # answered at once: the writes wait on their threads
             assert events.record(ObjectRef.of(ds), type="Normal", reason="Caching", action="Cache", note="n")
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < 15  # at once, while the writes hang until healed
         deadline = time.monotonic() + 30
         while len([r for r in apiserver.requests if creating(r)]) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
