@@ -23,6 +23,7 @@ import pytest
 
 from tests.charts.test_chart import DIGEST, find, kinds, render
 from tests.podsecurity import violations
+from tools.support.harness import held_port
 
 pytestmark = pytest.mark.slow
 
@@ -163,9 +164,8 @@ def test_the_script_passes_when_every_endpoint_answers_200(default: list[dict[st
 
 
 def test_the_script_fails_naming_each_failing_endpoint(default: list[dict[str, Any]]) -> None:
-    with server() as closed:
-        pass  # a port nothing listens on any more
-    with server({"/readyz": 503}) as agent:
+    # held, never listened on: nothing answers there, and no other server is given the port
+    with held_port() as closed, server({"/readyz": 503}) as agent:
         done = run_script(
             default,
             {

@@ -111,16 +111,16 @@ def test_a_kubeconfig_that_does_not_exist_is_a_setting_error_not_an_internal_one
 @pytest.mark.slow
 def test_python_m_scheduler_plugin_serves_the_extender() -> None:
     import os
-    import socket
     import time
+    from contextlib import ExitStack
 
     import httpx
 
     from scheduler_plugin.testing import args_body, node, pod
+    from tools.support.harness import held_port
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    hold = ExitStack()
+    port = hold.enter_context(held_port())  # nobody else's until the extender listens on it
     env = {**os.environ, "DSEXT_PORT": str(port), "DSEXT_LOG_LEVEL": "warning"}
     server = subprocess.Popen([sys.executable, "-m", "scheduler_plugin"], env=env)
     try:
@@ -134,10 +134,12 @@ def test_python_m_scheduler_plugin_serves_the_extender() -> None:
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.1)
+            hold.close()
             body = args_body(pod(gpus=1), [node("n1", free_gpus=[0])], node_cache_capable=False)
             # No datasets, no topology: only the RoCE best fit (10) counts, at weight 0.3.
             assert http.post("/prioritize", content=body).json() == [{"Host": "n1", "Score": 3}]
     finally:
+        hold.close()
         server.terminate()
         # uvicorn shuts down cleanly, then re-raises SIGTERM as its exit status.
         assert server.wait(10) in (0, -15)

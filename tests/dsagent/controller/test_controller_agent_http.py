@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +12,7 @@ import pytest
 
 from dsagent.controller.agents import AgentHttp
 from dsplatform.tenancy import ACTING_FOR_HEADER
+from tools.support.harness import held_port
 
 
 class _Agent(http.server.ThreadingHTTPServer):
@@ -90,11 +90,10 @@ def test_an_answer_is_hostile_input_and_no_token_no_dataset_no_headers(agent: _A
 
 def test_no_agent_or_an_unreachable_one_is_none() -> None:
     calls = AgentHttp(timeout=2.0)
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    try:
-        assert calls(None, "tok", "n1", "GET", "/v1/tasks", None, "") is None
-        assert calls(f"http://127.0.0.1:{port}", "tok", "n1", "GET", "/v1/tasks", None, "") is None
-    finally:
-        calls.close()
+    # held, never listened on: nothing answers there, and no other server is given the port
+    with held_port() as port:
+        try:
+            assert calls(None, "tok", "n1", "GET", "/v1/tasks", None, "") is None
+            assert calls(f"http://127.0.0.1:{port}", "tok", "n1", "GET", "/v1/tasks", None, "") is None
+        finally:
+            calls.close()
