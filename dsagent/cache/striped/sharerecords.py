@@ -63,6 +63,10 @@ class ShareRecords:
     def share_dir(self, key: Key) -> Path:
         return self.version_dir(key) / "share"
 
+    def window_dir(self, key: Key) -> Path:
+        """Where the bundles this node's readers take through the window land, one folder each."""
+        return self.version_dir(key) / "window"
+
     def _done_markers(self, key: Key) -> set[str]:
         """The bundles this node already holds of version ``key`` (their markers)."""
         try:
@@ -125,7 +129,7 @@ class ShareRecords:
                 manifest = await self.pools.work(self._kept_manifest, path.parent, digest)
                 # the window's bundles of the run before: this run's window does not know them,
                 # so nothing would count their disk or ever evict them
-                await self.pools.work(shutil.rmtree, path.parent / "window", True)
+                await self.pools.work(shutil.rmtree, self.window_dir((name, digest)), True)
                 await self.hold(name, record["store"], record["members"], record["peers"], digest=digest,
                                 no_share=record.get("noShare", ()), ready_after=int(record.get("readyAfter", 1)),
                                 lease=min(left, lease) if left > 0 else lease, whole=record.get("whole") is True,
@@ -150,7 +154,7 @@ class ShareRecords:
         disk), those it owns are held, the others handed over."""
         directory = self.share_dir(share.key)
         (directory / DONE_DIR).mkdir(parents=True, exist_ok=True)
-        (self.version_dir(share.key) / "window").mkdir(exist_ok=True)
+        self.window_dir(share.key).mkdir(exist_ok=True)
         durable.write_atomic(directory / LAYOUT_FILE, b"".join(share.layout.dump()))
         kept = self.version_dir(share.key) / MANIFEST_FILE
         if not kept.exists():  # a restarted agent holds the version again even once the store moved on

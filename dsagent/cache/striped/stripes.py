@@ -509,7 +509,7 @@ class StripeShares(ShareRecords, ShareFill):
                 work.add_done_callback(share.visits.discard)
                 await asyncio.shield(work)
 
-            directory = self.version_dir(key) / "window" / bundle
+            directory = self.window_dir(key) / bundle
             where, release = await self.window.open((key, bundle), directory, self.disk(ref.size, ref.count), fetch)
             # in the bytes heldBytes counts (the layout's sizes are the manifest's), so the
             # placement weighs one against the other
