@@ -27,7 +27,7 @@ from tests.dsagent.api.test_pod_rights import POD, fake_proc, pod_cgroup, unix_c
 from tests.dsagent.cli.test_agent_process import packed
 from tests.dsagent.conftest import write_tree
 from tools.support.fake_apiserver import FakeApiServer, make_dataset, make_node, make_pod
-from tools.support.harness import ADMIN_TOKEN, LoopbackServer, allocated, wait_ready
+from tools.support.harness import ADMIN_TOKEN, LoopbackServer, allocated, eventually, wait_ready
 
 NODE = "node-a"
 
@@ -357,10 +357,9 @@ def test_a_restart_leaves_no_window_bundle_it_does_not_count(imgs: _Imgs) -> Non
     agent.stop()
     agent.start()
     with unix_client(agent) as pod, unix_client(agent, ADMIN_TOKEN) as operator:
-        deadline = time.monotonic() + 30
-        while operator.get(f"/v1/stripes/imgs/{manifest.digest}").status_code != 200:
-            assert time.monotonic() < deadline, "the share was not held again"
-            time.sleep(0.1)
+        eventually(
+            lambda: operator.get(f"/v1/stripes/imgs/{manifest.digest}").status_code == 200, 30, "the share held again"
+        )
         assert list(window.iterdir()) == []
         # read again, it is fetched again into this run's window
         assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [mine]}).status_code == 200
