@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tools.sim.engine import CacheEntry, ClusterParams, Simulation
@@ -57,3 +59,60 @@ def test_the_counts_are_as_old_as_a_controller_resync() -> None:
     # now both are last copies: plain LRU takes the older one
     assert sim._make_room(sim.nodes[0], TB)
     assert [k[0] for k in sim.nodes[0].cache] == ["c"]
+
+
+def stripe_node() -> Simulation:
+    """One node holding a share (recently read) and two last copies (older), all idle."""
+    data = [Dataset(n, TB, (0.0,)) for n in ("s", "c", "older")]
+    params = ClusterParams(nodes=2, node_types=A100, cache_bytes=3 * TB, storage_bw=1e9, node_fetch_bw=1e9)
+    sim = Simulation("ours+stripe+early", [], data, params, seed=3)
+    node = sim.nodes[0]
+    node.cache[("s", 0)] = CacheEntry("s", 0, TB, last_used=9.0, ready=True, stripe=True)
+    node.cache[("c", 0)] = CacheEntry("c", 0, TB, last_used=2.0, ready=True)
+    node.cache[("older", 0)] = CacheEntry("older", 0, TB, last_used=1.0, ready=True)
+    return sim
+
+
+def test_a_group_policy_evicts_in_the_agents_order_shares_before_last_copies() -> None:
+    # 1.5 TB at the ratio needs two victims: the agent's order takes the share first (losing
+    # it costs its group only its own bundles), then the least recently used last copy,
+    # even though the share was read after both
+    sim = stripe_node()
+    node = sim.nodes[0]
+    assert sim._make_room(node, int(1.5 * TB))
+    assert list(node.cache) == [("c", 0)]
+
+
+def test_the_simulator_evicts_what_the_products_plan_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dsagent.policy import eviction
+    from tools.sim import reads
+
+    plans: list[eviction.Plan] = []
+
+    def plan_for_fetch(*args: Any, **kwargs: Any) -> eviction.Plan:
+        plans.append(eviction.plan_for_fetch(*args, **kwargs))
+        return plans[-1]
+
+    monkeypatch.setattr(reads, "plan_for_fetch", plan_for_fetch)
+    sim = stripe_node()
+    node = sim.nodes[0]
+    before = set(node.cache)
+    assert sim._make_room(node, int(1.5 * TB))
+    (plan,) = plans
+    assert {(v.name, int(v.digest, 16)) for v in plan.victims} == before - set(node.cache)
+    assert [v.striped for v in plan.victims] == [True, False]
+
+
+def test_a_replica_is_made_only_from_copies_other_nodes_hold() -> None:
+    # a whole copy the controller places, or a share given to a node with room, never evicts
+    # a share or a last copy: the room it needs is not there, so it is not made
+    sim = stripe_node()
+    node = sim.nodes[0]
+    assert not sim._make_room(node, int(0.5 * TB), replica=True)
+    assert len(node.cache) == 3
+    sim.nodes[1].cache[("c", 0)] = CacheEntry("c", 0, TB, last_used=2.0, ready=True)  # now held twice
+    sim.now = RESYNC_S  # the counts as the next resync publishes them
+    sim.copy_counts.get(sim)
+    assert sim.copy_counts.keepers[("c", 0)] == sim.nodes[1].name  # to node 0 it is a replicated copy
+    assert sim._make_room(node, int(0.5 * TB), replica=True)
+    assert sorted(node.cache) == [("older", 0), ("s", 0)]

@@ -17,7 +17,7 @@ first step waits only for what the policy waits for. The models (docs/simulator.
   or one read for less than an epoch, striped over a group spanning the job's subnet
   (:mod:`tools.sim.stripe`; the group's choice and reads: :mod:`tools.sim.stripereads`),
   filled as it is read, read rank-affine from the first step;
-  eviction in tiers (other nodes' copies, idle shares, last copies). ``+early``: whole
+  eviction in the agent's order (other nodes' copies, shares, last copies). ``+early``: whole
   copies too start at once, their local reads following the copy's fetch.
 
 Training reads are aggregated per source over the job's epochs (one transfer per source
@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from dsagent.policy.eviction import Candidate, plan_for_fetch
+from dsagent.policy.eviction import REPLICATED, Candidate, eviction_class, plan_for_fetch
 from dsagent.policy.holding import SHARE, Holding, holding
 from gpu_topology.scoring import single_numa
 from scheduling.timemodel import DEFAULT_BANDWIDTHS, intra_node_bandwidth, t_run
@@ -120,7 +120,7 @@ class Reads(StripeReads):
         (:func:`dsagent.policy.holding.holding`): a share where it holds one already, else
         whole where the version fits its cache and (``room``) its room (free bytes, the
         version's bytes it holds, and idle copies other nodes hold ready too: the first
-        eviction tier, the controller's ``spare_bytes``), else a share."""
+        eviction class, the controller's ``spare_bytes``), else a share."""
         entry = node.cache.get(key)
         if entry is not None and entry.stripe:
             return SHARE
@@ -338,14 +338,19 @@ class Reads(StripeReads):
         return sum(group.owned[m] * group.fill[m] for m in owners), owners
 
     def _make_room(self, node: Node, size: int, *, dry_run: bool = False, replica: bool = False) -> bool:
-        """Room for ``size`` bytes by the agent's eviction policy (``plan_for_fetch``); with a
-        group policy (``ours+stripe``) in tiers: versions other nodes also hold ready first,
-        then idle stripe shares, a last copy only when those cannot free enough (within a
-        tier the product's order: most other copies, then least recently used). A
-        ``replica`` (a version the cluster already holds) is made only from the first tier:
-        a second copy never costs the cluster the last copy of something else. In a group's
-        pass the copies its members evict are counted gone (:attr:`group_evicted`)."""
+        """Room for ``size`` bytes by the agent's eviction policy, the product's
+        :func:`~dsagent.policy.eviction.plan_for_fetch` over the node's copies as its agent
+        sees them: with a group policy (``ours+stripe``) each share marked ``striped``, so the
+        product's order evicts versions other nodes also hold ready first (most other copies
+        first), then shares, then last copies, the least recently used first within each. A
+        ``replica`` (a copy the controller places where the room comes without a last copy:
+        a whole copy of a version the cluster holds, a share given to a node with room) is
+        made only from the first class, as the controller's room check (the inventory's
+        ``spare_bytes``) counts it: it never costs the cluster the last copy of something
+        else. In a group's pass the copies its members evict are counted gone
+        (:attr:`group_evicted`)."""
         aware = self.policy in OURS
+        striped = self.policy in STRIPE
         candidates = [
             Candidate(
                 name,
@@ -355,24 +360,14 @@ class Reads(StripeReads):
                 in_use=e.in_use,
                 fetching=not e.ready,
                 copies=self._others((name, version), e.ready, node) if aware else None,
+                striped=striped and e.stripe,
             )
             for (name, version), e in node.cache.items()
         ]
-        tiers = [candidates]
-        if self.policy in STRIPE:
-            shares = {k for k, e in node.cache.items() if e.stripe}
-            last = shares | {k for k, e in node.cache.items() if self._others(k, e.ready, node) == 0}
-
-            def keeping(kept: set[tuple[str, int]]) -> list[Candidate]:
-                return [replace(c, in_use=True) if (c.name, int(c.digest, 16)) in kept else c for c in candidates]
-
-            tiers = [keeping(last)] if replica else [keeping(last), keeping(last - shares), candidates]
-        free = self.params.cache_bytes - node.used_bytes
-        for tier in tiers:
-            plan = plan_for_fetch(tier, size=size, free=free)
-            if plan.sufficient:
-                break
-        else:
+        if striped and replica:
+            candidates = [c if eviction_class(c) == REPLICATED else replace(c, in_use=True) for c in candidates]
+        plan = plan_for_fetch(candidates, size=size, free=self.params.cache_bytes - node.used_bytes)
+        if not plan.sufficient:
             return False
         for victim in plan.victims if not dry_run else ():
             key = (victim.name, int(victim.digest, 16))
@@ -458,7 +453,7 @@ class Reads(StripeReads):
         self, job: Job, worker: Worker, index: int, key: tuple[str, int], d: Dataset, first: float, later: float
     ) -> None:
         """A version that fits one node but not this one now (its room is held by running
-        pods' data, or by last copies the first tier may not evict): read through the
+        pods' data, or by last copies and shares a whole copy may not evict): read through the
         version's group (formed as for a version bigger than a node), as the product reads
         every version of a Dataset with ``spec.stripe``: the job's node joins with a share
         where it has room for one, and reads the rest from the members. Nodes holding the

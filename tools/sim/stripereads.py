@@ -5,7 +5,7 @@ Who calls it: :class:`tools.sim.reads.Reads`, the mix-in over it (its ``_plan``,
 product holds as shares (:func:`dsagent.policy.holding.holding`: bigger than a node, or one
 the pod's node cannot make room for; docs/simulator.md). It owns the group of a version
 (:meth:`StripeReads._stripe_group`: the members the controller's
-:func:`dsagent.policy.holding.choose_placement` answers, each making room in tiers) and
+:func:`dsagent.policy.holding.choose_placement` answers, each making room in the agent's eviction order) and
 each rank's reads through it, rank-affine, filled as read.
 """
 
