@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import errno
 import json
+import socket
 import threading
 from typing import Any
 
@@ -397,6 +399,18 @@ def test_a_restart_on_the_same_port_ends_watches_and_keeps_objects(apiserver: Fa
         raise ConnectionError("stream ended")
     raw.release_conn()
     assert [n.metadata.name for n in api.list_node().items] == ["gpu-1"]
+
+
+def test_a_stopped_server_refuses_connections_and_keeps_its_port(apiserver: FakeApiServer) -> None:
+    apiserver.stop()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", apiserver.port), timeout=5).close()
+    other = socket.socket()
+    with other, pytest.raises(OSError) as taken:  # no other server takes it meanwhile
+        other.bind(("127.0.0.1", apiserver.port))
+    assert taken.value.errno == errno.EADDRINUSE
+    apiserver.start()
+    socket.create_connection(("127.0.0.1", apiserver.port), timeout=5).close()
 
 
 def test_requests_are_recorded_with_their_content_type(apiserver: FakeApiServer, api_client: Any) -> None:

@@ -723,6 +723,16 @@ class _Handler(BaseHTTPRequestHandler):
             return True
 
 
+def _hold(port: int) -> socket.socket:
+    """A socket bound to ``port`` and not listening: a connection to it is refused, as to a
+    stopped server, and no other socket binds the port meanwhile (a server started again
+    on it binds beside it, both reusing the address)."""
+    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    held.bind(("127.0.0.1", port))
+    return held
+
+
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -797,6 +807,9 @@ class FakeApiServer:
         self.blocked_evictions: set[str] = set()  # pods a PodDisruptionBudget protects (429)
         self._bookmark_generation = 0
         self._httpd: _HTTPServer | None = None
+        # while stopped, the port stays bound and refuses connections: nothing else (another
+        # test's server, a client's outgoing connection) takes it before the next start
+        self._port_held: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._faults: list[tuple[Callable[[RecordedRequest], bool], int | None]] = []
@@ -812,6 +825,9 @@ class FakeApiServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+        if self._port_held is not None:  # done with the port
+            self._port_held.close()
+            self._port_held = None
 
     @property
     def url(self) -> str:
@@ -828,6 +844,9 @@ class FakeApiServer:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
+        if self._port_held is not None:  # the server is bound beside it (both reuse the address)
+            self._port_held.close()
+            self._port_held = None
         self.port = self._httpd.server_address[1]
         self._stopping = False
         self._thread = threading.Thread(
@@ -849,6 +868,7 @@ class FakeApiServer:
         self._httpd.shutdown()
         self._httpd.drop_connections()
         self._httpd.server_close()
+        self._port_held = _hold(self.port)
         assert self._thread is not None
         self._thread.join(timeout=5)
         self._httpd = None
