@@ -71,6 +71,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from dsplatform import kubetime
 from tools.support.podrules import PodUpdateRefused, check_pod_update
+from tools.support.ports import port_holder
 
 JSON = dict[str, Any]
 #: continue tokens a list answered with and still serves (the oldest go first, as etcd compacts)
@@ -723,16 +724,6 @@ class _Handler(BaseHTTPRequestHandler):
             return True
 
 
-def _hold(port: int) -> socket.socket:
-    """A socket bound to ``port`` and not listening: a connection to it is refused, as to a
-    stopped server, and no other socket binds the port meanwhile (a server started again
-    on it binds beside it, both reusing the address)."""
-    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    held.bind(("127.0.0.1", port))
-    return held
-
-
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -825,9 +816,7 @@ class FakeApiServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-        if self._port_held is not None:  # done with the port
-            self._port_held.close()
-            self._port_held = None
+        self._release_port()  # done with it
 
     @property
     def url(self) -> str:
@@ -844,9 +833,7 @@ class FakeApiServer:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
-        if self._port_held is not None:  # the server is bound beside it (both reuse the address)
-            self._port_held.close()
-            self._port_held = None
+        self._release_port()  # the server is bound beside it (both reuse the address)
         self.port = self._httpd.server_address[1]
         self._stopping = False
         self._thread = threading.Thread(
@@ -868,10 +855,15 @@ class FakeApiServer:
         self._httpd.shutdown()
         self._httpd.drop_connections()
         self._httpd.server_close()
-        self._port_held = _hold(self.port)
+        self._port_held = port_holder(self.port, "127.0.0.1")
         assert self._thread is not None
         self._thread.join(timeout=5)
         self._httpd = None
+
+    def _release_port(self) -> None:
+        if self._port_held is not None:
+            self._port_held.close()
+            self._port_held = None
 
     def restart(self, *, forget_history: bool = False) -> None:
         """Stop and start on the same port; ``forget_history`` also forces ``410 Gone``."""

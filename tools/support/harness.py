@@ -32,6 +32,7 @@ from typing import Any
 from dsagent.api.client import AgentClient
 from dsagent.errors import AgentUnreachable
 from tools.support.agentfork import ForkedProcess, ForkServer
+from tools.support.ports import port_holder
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef"
 #: The test and benchmark servers listen on loopback, which an agent fetches from for a
@@ -153,15 +154,12 @@ def held_port() -> Iterator[int]:
     """A TCP port kept from everyone else while the block runs, for servers that bind it
     later (agents on 127.0.0.2, 127.0.0.3, ... sharing one port, as pods do).
 
-    A socket bound to the wildcard address with SO_REUSEADDR and never listening holds the
-    port: another process's bind there, or an outgoing socket's ephemeral port, is refused
-    on every address, while a listener that also sets SO_REUSEADDR (the agent does) binds
-    it. A port only probed and let go could be taken between the probe and the agents'
+    A socket bound to the wildcard address and never listening holds the port on every
+    address (:func:`tools.support.ports.port_holder`); the agent sets SO_REUSEADDR, so it
+    binds beside it. A port only probed and let go could be taken between the probe and the agents'
     start by another test's outgoing connection from 127.0.0.2.
     """
-    with socket.socket() as holder:
-        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        holder.bind(("0.0.0.0", 0))
+    with port_holder() as holder:  # on the wildcard address: every address's port
         yield int(holder.getsockname()[1])
 
 
