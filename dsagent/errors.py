@@ -52,7 +52,10 @@ failed flush). Classes defined beside their code are drawn with their module.
         │                                     (the bundle is then read in one stream)
         ├── AgentUnreachable (exit 8)         dsctl could not reach the local agent
         ├── AgentStopping                     the agent is stopping: it takes no new task
-        ├── FetchStopped                      a stripe share's fetch, its share let go
+        ├── FetchStopped                      a stripe share's fetch, its share let go or
+        │                                     no reader waiting for a window bundle
+        ├── ClientGone                        api.clientgone: the client closed its connection
+        │                                     before its answer was ready (nobody reads it)
         ├── KubeUnavailable                   kube.apiclient: the API server failed or is unreachable
         ├── PodResourcesUnavailable           nodeplugins.deviceplugin.podresources: the kubelet's
         │                                     pod-resources socket did not answer

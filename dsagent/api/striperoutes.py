@@ -21,6 +21,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from dsagent.api.clientgone import unless_gone
 from dsagent.api.identity import CUT_KEY, Caller, acting_for, require_operator
 from dsagent.api.routes import BoundedJsonRoute, caller, errors, operator, service
 from dsagent.api.schemas import StripeIn, StripeOut, StripeReleaseOut
@@ -120,7 +121,9 @@ async def stripe_bundle(
     """A bundle of a striped version for this node's reader: from the share, or fetched into
     the window from its owner (then the other members, then the store). A pod reads only a
     version of its own namespace that its task or annotation names (403 otherwise); 429 when
-    its streams already hold its share of the node's; a stream left unread is cut."""
+    its streams already hold its share of the node's; a stream left unread is cut. A reader
+    that closes its connection before its bundle is there stops waiting for it (the window
+    stops a fetch no reader waits for)."""
     if not who.operator:
         if who.kind == "anonymous":
             require_operator(who)  # 401: TCP without the token
@@ -133,7 +136,9 @@ async def stripe_bundle(
         # a pod acts only on its own task: it reads its own namespace's stripes that its task or annotation names
         await svc.stripes.check_reader((name, digest), await pod_reader(svc, who.pod_uid))
     reader = OPERATORS if who.operator else str(who.pod_uid)
-    directory, entries, stream = await svc.stripes.open_bundle(name, digest, bundle, caller=reader)
+    # a reader that goes while its bundle is fetched into the window stops waiting for it
+    opening = svc.stripes.open_bundle(name, digest, bundle, caller=reader)
+    directory, entries, stream = await unless_gone(request.receive, opening)
     chunks = tar_stream(directory, entries)
     stream.start(cut=(request.scope.get("state") or {}).get(CUT_KEY))
 

@@ -90,7 +90,8 @@ class Share:
     holders: set[Holder] = field(default_factory=set)  # the Datasets it is held for: whose pods read it
     whole: bool = False  # every bundle held here, not only the owned ones (``owned`` lists them all)
     inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # bundles being fetched into it
-    visits: set[asyncio.Future[None]] = field(default_factory=set)  # bundles being fetched into its window
+    # bundles being fetched into its window, each with the event that stops its fetch
+    visits: dict[asyncio.Future[None], threading.Event] = field(default_factory=dict)
     on_demand: bool = False  # storeOnDemand: the store is read only for bundles a reader waits for
     window_bytes: int = 0  # bytes this node's readers took through the window since the share was held
     kept_bytes: int = 0  # the version's manifest kept beside it, for a restart (ShareRecords._prepare)

@@ -78,9 +78,10 @@ class BundleSources:
         and is emptied after a failed attempt (a window slot). ``store``: False, the peers
         only (a share held ``storeOnDemand`` filling in the background: False when none
         delivers). ``reader``: the peers are told that a reader waits for it. ``stop``: once
-        set (the share it is fetched for is let go), the fetch ends at its next step, a wait
-        for a busy peer at once, a download at its next piece, with :class:`FetchStopped`,
-        nothing of the bundle left in ``directory``."""
+        set (the share it is fetched for is let go, or no reader waits for a window bundle any
+        more), the fetch ends at its next step, a wait for a busy peer at once, a download at
+        its next piece, with :class:`FetchStopped`, nothing of the bundle left in
+        ``directory``."""
 
         def from_peers(order: Sequence[str], copies: Sequence[str], quiet: bool = False) -> bool:
             return self._from_peers(
@@ -208,4 +209,6 @@ class BundleSources:
 def _check(stop: threading.Event | None, ref: BundleRef) -> None:
     """Raise :class:`FetchStopped` once ``stop`` is set."""
     if stop is not None and stop.is_set():
-        raise FetchStopped(f"the fetch of bundle {ref.digest[:12]} was stopped: its share was let go")
+        raise FetchStopped(
+            f"the fetch of bundle {ref.digest[:12]} was stopped: its share was let go, or no reader waits for it"
+        )

@@ -44,6 +44,7 @@ import contextlib
 import logging
 import math
 import shutil
+import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -393,6 +394,8 @@ class StripeShares(ShareRecords, ShareFill):
         bundles it holds stay (a kept part), and nothing is reserved for the rest
         (:meth:`pending_bytes` counts filling shares)."""
         share.stop.set()
+        for stop in share.visits.values():  # the window's fetches for this share's readers
+            stop.set()
         if share.task is not None:
             share.task.cancel()
             await asyncio.gather(share.task, return_exceptions=True)
@@ -501,12 +504,16 @@ class StripeShares(ShareRecords, ShareFill):
                 stream.holding(lambda: _done_reading(share))
                 return self.share_dir(key), entries, stream
 
-            async def fetch(directory: Path) -> None:
+            async def fetch(directory: Path, stop: threading.Event) -> None:
+                # stopped when no reader waits for it any more (the window), or when the share is
+                # let go (_stop_fill sets the event of every fetch listed, until its thread has ended)
                 copies = await self.sources.copies(*key)
-                # on a thread a reader's cancel does not stop: a release waits for it (_stop_fill)
-                work = asyncio.ensure_future(self.pools.work(self._fetch_visiting, share, ref, directory, copies))
-                share.visits.add(work)
-                work.add_done_callback(share.visits.discard)
+                if share.stop.is_set():  # let go meanwhile
+                    stop.set()
+                # on a thread a cancel does not stop: a release waits for it (_stop_fill)
+                work = asyncio.ensure_future(self.pools.work(self._fetch_visiting, share, ref, directory, copies, stop))
+                share.visits[work] = stop
+                work.add_done_callback(lambda done: share.visits.pop(done, None))
                 await asyncio.shield(work)
 
             directory = self.window_dir(key) / bundle
@@ -520,14 +527,17 @@ class StripeShares(ShareRecords, ShareFill):
             stream.close()
             raise
 
-    def _fetch_visiting(self, share: Share, ref: BundleRef, directory: Path, copies: Sequence[str]) -> None:
+    def _fetch_visiting(
+        self, share: Share, ref: BundleRef, directory: Path, copies: Sequence[str], stop: threading.Event
+    ) -> None:
         """A bundle owned elsewhere into the window: the owner, the other members, the store;
-        each peer told that a reader waits for it (an owner filling on demand then reads it)."""
+        each peer told that a reader waits for it (an owner filling on demand then reads it).
+        Ended at its next step once ``stop`` is set."""
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)
         bundle = next(b for b in share.layout.bundles if b.digest == ref.digest)
         order = [bundle.owner, *(m for m in share.layout.members if m != bundle.owner)]
-        self.sources.fetch(share, ref, directory, order, copies=copies, fresh=True, reader=True, stop=share.stop)
+        self.sources.fetch(share, ref, directory, order, copies=copies, fresh=True, reader=True, stop=stop)
 
 
 def _done_reading(share: Share) -> None:

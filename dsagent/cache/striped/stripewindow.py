@@ -12,7 +12,11 @@ members, the agents holding or fetching a whole copy, then the store: the caller
 and their order: least recently used goes first once ``stripe_window_bytes`` are full. A
 bundle being read is pinned; a reader that finds no unpinned bundle to drop waits for a pin
 to go, at most ``peer_wait``, then gets a :class:`TransientError` (a 503). Two readers of one
-bundle share one fetch. The window never takes a share's bundle: shares are the caller's.
+bundle share one fetch, which belongs to neither: a reader that goes (its request cancelled)
+stops only its own wait, and the fetch is told to stop (the ``stop`` event it is given) once
+no reader waits for it any more; a reader that asks for the bundle meanwhile waits for that
+fetch to end and starts another. The window never takes a share's bundle: shares are the
+caller's.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,6 +36,9 @@ from dsagent.cache.settings import Settings
 from dsagent.errors import InsufficientSpace, TransientError
 
 Slot = tuple[Key, str]  # a version and one of its bundles
+#: how a bundle is fetched into its directory: the call ends early, having left nothing, once
+#: the event is set
+Fetch = Callable[[Path, threading.Event], Awaitable[None]]
 
 
 @dataclass
@@ -40,6 +48,16 @@ class _Visit:
     directory: Path
     size: int
     pins: int = 0
+
+
+@dataclass
+class _Flight:
+    """A bundle being fetched into the window: the task, the readers waiting for it, and the
+    event that tells the fetch to stop once none does."""
+
+    task: asyncio.Future[_Visit]
+    stop: threading.Event
+    waiters: int = 0
 
 
 class StripeWindow:
@@ -52,7 +70,7 @@ class StripeWindow:
         self._window: OrderedDict[Slot, _Visit] = OrderedDict()
         self.bytes = 0  # the disk its bundles take, and those being fetched into it
         self._room = asyncio.Condition()
-        self._flights: dict[Slot, asyncio.Future[_Visit]] = {}
+        self._flights: dict[Slot, _Flight] = {}
 
     def bytes_by_version(self) -> dict[Key, int]:
         """The disk each version's bundles take in the window."""
@@ -61,34 +79,53 @@ class StripeWindow:
             out[key] = out.get(key, 0) + visit.size
         return out
 
-    async def open(
-        self, slot: Slot, directory: Path, size: int, fetch: Callable[[Path], Awaitable[None]]
-    ) -> tuple[Path, Callable[[], None]]:
+    async def open(self, slot: Slot, directory: Path, size: int, fetch: Fetch) -> tuple[Path, Callable[[], None]]:
         """Where the bundle ``slot`` is (its ``directory``, ``size`` bytes of disk), fetched by
-        ``fetch(directory)`` unless the window holds it or a fetch of it is under way; and the
-        call that unpins it."""
-        visit = self._window.get(slot)
-        if visit is not None:
-            self.counts["window_hits"] += 1
-            self._window.move_to_end(slot)
-        else:
+        ``fetch(directory, stop)`` unless the window holds it or a fetch of it is under way; and
+        the call that unpins it. Cancelled, this reader stops waiting; the fetch goes on for
+        the others, and is stopped when it was the last."""
+        while True:
+            visit = self._window.get(slot)
+            if visit is not None:
+                self.counts["window_hits"] += 1
+                self._window.move_to_end(slot)
+                break
             flight = self._flights.get(slot)
+            if flight is not None and flight.stop.is_set():  # stopping: it ends, then another starts
+                await asyncio.wait([flight.task])
+                continue
             if flight is None:
-                flight = asyncio.get_running_loop().create_future()
-                self._flights[slot] = flight
-                try:
-                    visit = await self._visit(slot, directory, size, fetch)
-                    flight.set_result(visit)
-                except BaseException as exc:
-                    flight.set_exception(exc)
-                    flight.exception()  # retrieved: the waiters get it too
-                    raise
-                finally:
-                    del self._flights[slot]
-            else:
-                visit = await asyncio.shield(flight)
+                flight = self._flights[slot] = self._fly(slot, directory, size, fetch)
+            visit = await self._wait(flight)
+            break
         visit.pins += 1
         return visit.directory, lambda: self._unpin(slot)
+
+    def _fly(self, slot: Slot, directory: Path, size: int, fetch: Fetch) -> _Flight:
+        """The fetch of ``slot`` as a task of its own (no reader's), gone from the flights when it ends."""
+        stop = threading.Event()
+        task = asyncio.ensure_future(self._visit(slot, directory, size, lambda into: fetch(into, stop)))
+        flight = _Flight(task, stop)
+
+        def ended(done: asyncio.Future[_Visit]) -> None:
+            if self._flights.get(slot) is flight:
+                del self._flights[slot]
+            if not done.cancelled():
+                done.exception()  # retrieved: its waiters got it, or none was left to
+
+        task.add_done_callback(ended)
+        return flight
+
+    @staticmethod
+    async def _wait(flight: _Flight) -> _Visit:
+        """One reader's wait for ``flight``; the last reader to go stops its fetch."""
+        flight.waiters += 1
+        try:
+            return await asyncio.shield(flight.task)
+        finally:
+            flight.waiters -= 1
+            if not flight.waiters and not flight.task.done():
+                flight.stop.set()  # nobody waits for the bundle: its fetch ends at its next step
 
     async def forget(self, key: Key) -> None:
         """A version's bundles leave the window (the caller removes their directories with

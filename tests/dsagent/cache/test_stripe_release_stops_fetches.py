@@ -131,6 +131,37 @@ def test_a_release_stops_a_window_fetch_and_leaves_nothing_behind(
     assert [a.status_code for a in answers] == [503], [a.text[:200] for a in answers]  # ask again
 
 
+def test_a_reader_that_goes_stops_its_window_fetch(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], tmp_path: Path, busy_peer: str
+) -> None:
+    """A pod reads a bundle through the window; its owner answers "later" and the peer wait is
+    long. The pod gives up and closes its connection: the agent stops the fetch nobody waits
+    for at its next step (it does not go on asking the owner for the rest of the wait, then
+    read the store), and nothing of the bundle is left in the window."""
+    www, url, _ = loopback
+    manifest = _store(www)
+    agent = _pod_agent(agent_factory, tmp_path, DSAGENT_PEER_TOKEN=TOKEN, DSAGENT_PEER_WAIT="120s")
+    window = agent.root / "stripes" / "imgs" / manifest.digest / "window"
+    bundle = manifest.bundles[0]
+    route = f"/v1/stripes/imgs/{manifest.digest}/bundles/{bundle.digest}"
+    body = {"store": f"{url}/store", "members": [NODE, OTHER], "peers": {OTHER: busy_peer}, "noShare": [NODE]}
+    with unix_client(agent) as pod, unix_client(agent, ADMIN_TOKEN) as operator:
+        assert operator.put("/v1/stripes/imgs", json=body).status_code == 200
+        mine = {"name": "imgs", "source": "memory://stripe-reader-gone/none", "bundles": f"{url}/store"}
+        assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [mine]}).status_code == 200
+        with pytest.raises(httpx.ReadTimeout):
+            pod.get(route, timeout=2.0)  # gives up: the connection closes
+        deadline = time.monotonic() + 10
+        while True:  # the fetch ends at its next step: the owner is asked no more
+            asks = _AlwaysLater.asks
+            time.sleep(1.0)
+            if _AlwaysLater.asks == asks:
+                break
+            assert time.monotonic() < deadline, "the window's fetch still asks the owner after its reader went"
+        assert asks > 0
+        assert not window.exists() or list(window.iterdir()) == [], sorted(window.rglob("*"))
+
+
 class _SetAfter(threading.Event):
     """An event that reads as set from its ``n``-th look on: "stopped" between two steps."""
 
