@@ -101,3 +101,40 @@ def test_a_job_node_on_a_share_is_made_whole_at_a_pass_only_as_the_product_rules
     assert eager.whole_replans >= ruled.whole_replans
     # a node made whole reads its later epochs from its own disk, not through the window
     assert eager.read_local[1] > never.read_local[1] and eager.read_peer[1] < never.read_peer[1]
+
+
+def _slot_to_hand_over(monkeypatch: pytest.MonkeyPatch, answer: product.Placement) -> tuple[Simulation, object]:
+    """A 6-node simulation whose version ``ds0`` has a group of nodes 0-2, node 2 refusing its
+    share; the product's placement answers ``answer``. Returns the simulation and the node
+    that takes node 2's slot."""
+    asked: list[dict[str, object]] = []
+
+    def placing(nodes: object, **kw: object) -> product.Placement:
+        asked.append(kw)
+        return answer
+
+    monkeypatch.setattr(stripereads, "choose_placement", placing)
+    data = [Dataset("ds0", TB, (0.0,))]
+    params = ClusterParams(nodes=6, node_types=A100, cache_bytes=TB, storage_bw=1e10, node_fetch_bw=1e9)
+    sim = Simulation("ours+stripe", [], data, params, seed=3)
+    group = stripereads.stripe.Group(("ds0", 0), (0, 1, 2), {0: TB / 3, 1: TB / 3, 2: TB / 3})
+    rank = type("Worker", (), {"node": sim.nodes[0]})()
+    out = type("Outcome", (), {"workers": [rank]})()
+    taker = sim._taker(out, group, ("ds0", 0), 2, TB // 3, refused=True)  # type: ignore[arg-type]
+    (kw,) = asked  # asked once, as the controller's next pass asks
+    assert kw["before"] == ["0", "1"] and kw["job_nodes"] == ["0"]  # the refusing node is no member to keep
+    return sim, taker
+
+
+def test_a_refused_slot_goes_to_the_node_the_products_placement_adds(monkeypatch: pytest.MonkeyPatch) -> None:
+    sim, taker = _slot_to_hand_over(monkeypatch, product.Placement(["0", "1", "4"], [], []))
+    assert taker is sim.nodes[4]
+
+
+def test_where_the_placement_adds_no_node_the_simulator_hands_the_slot_over_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the product shrinks the group (the members left own the slot's bundles), which the
+    # simulator's slots cannot express: a node that can make the room takes it, never the refuser
+    sim, taker = _slot_to_hand_over(monkeypatch, product.Placement(["0", "1"], [], []))
+    assert taker is not None and taker.index not in (0, 1, 2)

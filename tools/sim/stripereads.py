@@ -174,7 +174,7 @@ class StripeReads(Flows):
         """The controller's pass over the groups being read: a slot whose chosen owner could
         not hold its share when the group was formed (a hole, its bundles read from the store
         by every reader, every epoch) is given to a node that has room now (the same choice
-        as at the group's forming, :meth:`_first_room`), as the controller chooses another
+        as at the group's forming, :meth:`_taker`), as the controller chooses another
         node at its next pass for a share an agent refused. From then on the readers read
         that slot's bundles through the new owner: the first pass over them from the store,
         kept by it, the rest from its disk."""
@@ -187,8 +187,7 @@ class StripeReads(Flows):
                 continue
             for m in lacking:
                 slot, owned = group.members.index(m), int(group.owned[m])
-                mine = [self.nodes[m]] if m >= 0 else []  # the chosen owner first, as at the forming
-                taker = self._first_room(mine + self._candidates(reading[0], set(group.members)), owned)
+                taker = self._taker(reading[0], group, key, m, owned, refused=False)
                 if taker is None:
                     continue
                 self._make_room(taker, owned)
@@ -304,7 +303,7 @@ class StripeReads(Flows):
         fetched from the store (held while the version is read). Owners are drawn over the
         group's slots (:func:`stripe.owners`); a slot's node is recorded with the group, so a
         member that lost its share and cannot make room again hands its slot, and only its
-        slot's bundles, to a node that can (a hole only when none can)."""
+        slot's bundles, to a node that can (:meth:`_taker`; a hole only when none can)."""
         group = self.stripes.get(key)
         if group is None:
             owners, shareless = self._choose_members(out, key, size)
@@ -329,7 +328,7 @@ class StripeReads(Flows):
                 group.holding.add(m)
                 continue
             if node is None or not self._make_room(node, owned):
-                taker = self._taker(out, group, owned)
+                taker = self._taker(out, group, key, m, owned, refused=True)
                 if taker is None:  # a hole: its bundles come from the store
                     continue
                 self._make_room(taker, owned)  # chosen by a dry run: its room is made now
@@ -445,8 +444,31 @@ class StripeReads(Flows):
         )
         return job_nodes + others
 
-    def _taker(self, out: Outcome, group: stripe.Group, owned: int) -> Node | None:
-        return self._first_room(self._candidates(out, set(group.members)), owned)
+    def _taker(
+        self, out: Outcome, group: stripe.Group, key: tuple[str, int], m: int, owned: int, *, refused: bool
+    ) -> Node | None:
+        """The node that owns slot ``m``'s bundles (``owned`` bytes) in its place: the one the
+        controller's next pass adds, the product's
+        :func:`dsagent.policy.holding.choose_placement` over every node with the group's other
+        members as ``before`` (and without ``m`` where its agent has just ``refused`` the
+        share, as the controller leaves such a node out of that pass), the first it adds
+        that can make the room. Where it adds none, it shrinks the group, so that the
+        members left own the slot's bundles by rendezvous hashing, which the slots cannot
+        express: then the first node that can make the room (a hole's own node first), the
+        job's nodes first, then its subnet's, the emptiest first (:meth:`_candidates`,
+        :meth:`_first_room`)."""
+        others = [x for x in group.members if x >= 0 and x != m]
+        running = [o for o in (self.running.get(j) for j in group.readers) if o is not None]
+        job = dict.fromkeys(w.node.index for o in (*running, out) for w in o.workers)
+        chosen = choose_placement(
+            [self._candidate(n, key) for n in self.nodes if not (refused and n.index == m)],
+            size_bytes=self.datasets[key[0]].size, job_nodes=[str(i) for i in job],
+            before=[str(x) for x in others], no_share_before=[str(x) for x in others if x in group.shareless],
+        )  # fmt: skip
+        added = (self.nodes[int(n)] for n in chosen.members if n not in chosen.no_share and int(n) not in others)
+        taker = next((node for node in added if self._make_room(node, owned, dry_run=True)), None)
+        mine = [self.nodes[m]] if m >= 0 and not refused else []  # a hole's chosen owner first, as at the forming
+        return taker or self._first_room(mine + self._candidates(out, {*others, m}), owned)
 
     def _first_room(self, candidates: list[Node], size: int) -> Node | None:
         """The first candidate that can make room for ``size`` bytes without evicting the
