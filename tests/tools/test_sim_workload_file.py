@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 
+from tools.sim import sweep
 from tools.sim.engine import ClusterParams, build_nodes
+from tools.sim.policies import PRODUCT_POLICY
+from tools.sim.results import GOALS
 from tools.sim.workload import WorkloadParams
 from tools.sim.workload_file import WorkloadError, datasets_total_bytes, load, total_gpus
 
@@ -129,19 +132,45 @@ def _sweep_smoke(out: Path, policies: str) -> list[dict[str, Any]]:
 
 
 def test_sweep_smoke_writes_its_table_and_json(tmp_path: Path) -> None:
-    rows = _sweep_smoke(tmp_path, "default,fluid,ours")
+    rows = _sweep_smoke(tmp_path, f"default,fluid,juicefs+pack,{PRODUCT_POLICY}")
     assert [r["ratio"] for r in rows][:2] == [0.05, 1.0] and rows[2]["regime"].startswith("multi-TB")
     for row in rows:
-        assert set(row["policies"]) == {"default", "fluid", "ours"}
+        assert set(row["policies"]) == {"default", "fluid", "juicefs+pack", PRODUCT_POLICY}
         assert row["cache_bytes_per_node"] == row["workload"]["cache_bytes_per_node"]
-        assert [g[0] for g in row["goals"]]
-        assert "queued TTFS -50% with preparation" not in [g[0] for g in row["goals"]]
-        for field in ("queued_data_wait_mean_s", "storage_first_bytes", "storage_uncached_bytes"):
-            assert field in row["policies"]["ours"]
+        # the results pages' goals, the product's policy against the rivals that ran
+        assert [g[0] for g in row["goals"]] == [label for label, *_ in GOALS]
+        for field in ("queued_data_wait_mean_s", "storage_first_bytes", "storage_uncached_bytes", "local_fraction"):
+            assert field in row["policies"][PRODUCT_POLICY]
     # more cache never reads more from storage for the node-cache policies' baseline
     assert rows[0]["policies"]["default"]["storage_bytes"] == rows[1]["policies"]["default"]["storage_bytes"]
-    assert "| ours |" in (tmp_path / "sweep.md").read_text()
+    text = (tmp_path / "sweep.md").read_text()
+    assert f"| {PRODUCT_POLICY} |" in text and "| regime | local bytes >= 1.5x best Fluid |" in text
     assert (tmp_path / "sweep.png").stat().st_size > 1000
+
+
+def test_sweep_goals_put_the_product_policy_against_the_best_rival_that_ran() -> None:
+    def figures(local: float, store: float, ttfs: float = 10.0) -> dict[str, Any]:
+        return {
+            "local_fraction": local, "storage_bytes": store, "ttfs_mean_s": ttfs, "gpu_hours_idle_for_data": 5.0,
+            "jct_mean_s": 3600.0, "jobs_across_subnets_avoidable": 0, "queued_ttfs_mean_s": 0.0,
+        }  # fmt: skip
+
+    by = {
+        PRODUCT_POLICY: figures(0.9, 110.0),
+        "fluid": figures(0.2, 200.0),
+        "fluid-r4+passive": figures(0.5, 300.0, ttfs=5.0),
+        "juicefs+pack": figures(0.05, 100.0),
+    }
+    got = {label: (figure, met) for label, figure, met in sweep.goals(by)}
+    assert got["local bytes >= 1.5x best Fluid"] == ("1.80x (fluid-r4+passive)", True)
+    assert got["store bytes <= 1.0x"] == ("1.10x (juicefs+pack)", False)
+    assert got["TTFS <= 1.0x"] == ("2.00x (fluid-r4+passive)", False)
+    assert got["avoidable split jobs = 0"] == ("0", True)
+    # without a Fluid setting, the local-byte goal has no rival and is left out
+    alone = {
+        label for label, _, _ in sweep.goals({PRODUCT_POLICY: by[PRODUCT_POLICY], "juicefs+pack": by["juicefs+pack"]})
+    }
+    assert "local bytes >= 1.5x best Fluid" not in alone and "store bytes <= 1.0x" in alone
 
 
 def test_sweep_smoke_reports_what_preparation_and_replication_change(tmp_path: Path) -> None:

@@ -285,7 +285,8 @@ GOALS: tuple[tuple[str, str, tuple[str, ...] | None, Callable[[float], bool]], .
 
 def goal_ratios(docs: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, list[tuple[float, str, bool]]]]:
     """Per workload: per goal of :data:`GOALS`, the product policy's ratio over the best rival
-    setting on that measure (or its own figure), that setting, and whether the goal is met."""
+    setting on that measure (or its own figure), that setting, and whether the goal is met
+    (NaN and no setting where none of the goal's rivals ran)."""
     out = []
     for wname, doc in docs.items():
         by = doc["policies"]
@@ -299,6 +300,9 @@ def goal_ratios(docs: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, l
                 cells.append((value, "", met(value)))
                 continue
             metric = _METRIC[name]
+            if not any(p in by for p in rivals):  # none of this goal's rivals ran (the sweep's subsets)
+                cells.append((math.nan, "", True))
+                continue
             best = _best(by, rivals, metric)
             ratio = _ratio(metric[2](by[mine]), metric[2](by[best]))
             cells.append((ratio, best, met(ratio)))
@@ -314,19 +318,33 @@ def goals_table(docs: Mapping[str, Mapping[str, Any]]) -> list[str]:
     ]
     for wname, mine, cells in goal_ratios(docs):
         shown = []
-        for (_, name, rivals, _), (ratio, best, met) in zip(GOALS, cells, strict=True):
-            if rivals is None:
-                cell = f"{ratio:.0f}"
-            elif ratio == 0 or math.isinf(ratio):  # one side is zero: a ratio says nothing, the figures do
-                get = _METRIC[name][2]
-                by = docs[wname]["policies"]
-                cell = f"{_fmt(name, get(by[mine]))} against {_fmt(name, get(by[best]))} ({best})"
-            else:  # near 1.0x, enough digits to show which side of the target it falls
-                digits = 4 if f"{ratio:.2f}" == "1.00" and ratio != 1.0 else 2
-                cell = f"{ratio:.{digits}f}x ({best})"
+        for goal, (ratio, best, met) in zip(GOALS, cells, strict=True):
+            cell = goal_cell(docs[wname]["policies"], mine, goal, ratio, best)
             shown.append(cell if met else f"**{cell}**")
         lines.append(f"| {wname} | " + " | ".join(shown) + " |")
     return lines
+
+
+def goal_cell(
+    by: Mapping[str, Mapping[str, Any]],
+    mine: str,
+    goal: tuple[str, str, tuple[str, ...] | None, Callable[[float], bool]],
+    ratio: float,
+    best: str,
+) -> str:
+    """One cell of :func:`goal_ratios` as the pages show it: the figure of an absolute goal,
+    ``-`` where none of the goal's rivals ran, the two figures where one side is zero, else
+    the ratio and the rival setting."""
+    _, name, rivals, _ = goal
+    if rivals is None:
+        return f"{ratio:.0f}"
+    if not best:
+        return "-"
+    if ratio == 0 or math.isinf(ratio):  # one side is zero: a ratio says nothing, the figures do
+        get = _METRIC[name][2]
+        return f"{_fmt(name, get(by[mine]))} against {_fmt(name, get(by[best]))} ({best})"
+    digits = 4 if f"{ratio:.2f}" == "1.00" and ratio != 1.0 else 2  # near 1.0x: which side of the target
+    return f"{ratio:.{digits}f}x ({best})"
 
 
 def with_goals(readme: str, seeded: Mapping[str, Mapping[str, Any]]) -> str:

@@ -7,12 +7,16 @@ Each regime is a workload file (tools/sim/workloads/) with ``cache_bytes_per_nod
 ``ratio x`` the total size of the datasets that file generates for its seed (one copy of
 each, first version): ``sweep-base.json`` at ratios 0.02 .. 1, and ``sweep-multi-tb.json``
 (datasets around 1.5 TB, up to 30 TB) at 4 TB per node and at ratio 0.1. Every policy runs
-on the same jobs in every regime: no cache, Fluid-style, ours, and ours with each of the
-controller's cluster-side policies (``ours+prepare``: next-job preparation;
-``ours+replicas``: replication, ``spec.replicas: auto``). Writes ``sweep.json`` (the
+on the same jobs in every regime: no cache, Fluid at its default setting and with passive
+caching on (its best for local bytes on the results workloads), the JuiceFS cache group under
+packing (its best), the product's policy (:data:`~tools.sim.policies.PRODUCT_POLICY`), and
+plain ``ours`` with each of the controller's cluster-side policies (``ours+prepare``: next-job
+preparation; ``ours+replicas``: replication, ``spec.replicas: auto``). The goals are the
+results pages' (:data:`tools.sim.results.GOALS`): the product's policy against the rivals'
+best setting in the regime. Writes ``sweep.json`` (the
 workload and run.py's ``--json`` fields per regime and policy), ``sweep.md`` (a table per
 regime, a table of what preparation and replication change, and the goals,
-each met or missed) and ``sweep.png`` (hit ratio and storage bytes against the ratio).
+each met or missed) and ``sweep.png`` (local-byte fraction and storage bytes against the ratio).
 Each simulation's figures are also written to ``OUT/parts/`` as soon as it ends, so that
 ``--resume`` after an interruption (same code) runs only what is missing; the tables and
 the plot always come from the whole set. Who calls it: a person and
@@ -36,14 +40,18 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tools.sim import report  # noqa: E402
-from tools.sim.policies import POLICIES  # noqa: E402
+from tools.sim.policies import POLICIES, PRODUCT_POLICY  # noqa: E402
+from tools.sim.results import FLUIDS, GOALS, RIVALS, goal_cell, goal_ratios  # noqa: E402
+from tools.sim.results import goals_table as results_goals_table  # noqa: E402
 from tools.sim.run import WORKLOADS, simulate  # noqa: E402
 from tools.sim.workload_file import WorkloadError, WorkloadFile, datasets_total_bytes, load  # noqa: E402
 
 RATIOS = (0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 SMOKE_RATIOS = (0.05, 1.0)
 MULTI_TB_NVME = 4 * 10**12
-SWEEP_POLICIES = ("default", "fluid", "ours", "ours+prepare", "ours+replicas")
+SWEEP_POLICIES = (
+    "default", "fluid", "fluid-r4+passive", "juicefs+pack", PRODUCT_POLICY, "ours", "ours+prepare", "ours+replicas",
+)  # fmt: skip
 
 
 def regimes(base: WorkloadFile, multi: WorkloadFile, smoke: bool) -> list[tuple[str, WorkloadFile, float]]:
@@ -71,35 +79,25 @@ def _shrink(wf: WorkloadFile) -> WorkloadFile:
     return wf.model_copy(update={"nodes": nodes, "datasets": datasets, "jobs": jobs})
 
 
-def _ratios(ours: dict[str, Any], fluid: dict[str, Any]) -> tuple[float, float]:
-    """Ours against Fluid-style: hit ratio and storage bytes."""
-    hits = ours["hit_ratio"] / fluid["hit_ratio"] if fluid["hit_ratio"] else float("inf")
-    storage = ours["storage_bytes"] / fluid["storage_bytes"] if fluid["storage_bytes"] else float("inf")
-    return hits, storage
-
-
-def goals(ratio: float, by: dict[str, dict[str, Any]]) -> list[tuple[str, str, bool]]:
-    """Goals for one regime: (goal, figure, met)."""
+def goals(by: dict[str, dict[str, Any]]) -> list[tuple[str, str, bool]]:
+    """Goals for one regime: (goal, figure, met). The results pages' goals
+    (:data:`tools.sim.results.GOALS`: the product's policy over the best rival setting run
+    here, a goal left out where none of its rivals ran), and next-job preparation's cut of
+    the queued jobs' time to first step against plain ``ours``."""
     out: list[tuple[str, str, bool]] = []
-    if "ours" not in by:
-        return out
-    ours, fluid = by["ours"], by.get("fluid")
-    prep = by.get("ours+prepare")
-    if fluid is not None:
-        hits, storage = _ratios(ours, fluid)
-        if ratio <= 0.1:
-            out.append(("hits >= 1.5x Fluid-style", f"{hits:.2f}x", hits >= 1.5))
-            out.append(("storage bytes <= 0.5x Fluid-style", f"{storage:.2f}x", storage <= 0.5))
-        else:
-            out.append(("hits >= Fluid-style", f"{hits:.2f}x", hits >= 1.0))
-            out.append(("storage bytes <= Fluid-style", f"{storage:.2f}x", storage <= 1.0))
-    if prep is not None and ours["queued_ttfs_mean_s"]:
+    for _, mine, cells in goal_ratios({"regime": {"policies": by}}):
+        for goal, (value, best, met) in zip(GOALS, cells, strict=True):
+            if goal[2] is None or best:
+                out.append((goal[0], goal_cell(by, mine, goal, value, best), met))
+    ours, prep = by.get("ours"), by.get("ours+prepare")
+    if ours is not None and prep is not None and ours["queued_ttfs_mean_s"]:
         cut = 1 - prep["queued_ttfs_mean_s"] / ours["queued_ttfs_mean_s"]
         out.append(("queued TTFS -50% with preparation", f"{-cut:+.0%}", cut >= 0.5))
     return out
 
 
 COLS = (
+    ("local bytes", "local_fraction", "{:.1%}"),
     ("hit ratio", "hit_ratio", "{:.1%}"),
     ("storage TB", "storage_bytes", "tb"),
     ("peer TB", "peer_bytes", "tb"),
@@ -174,34 +172,57 @@ def effects(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _best_cell(pool: dict[str, dict[str, Any]], key: str, high: bool = False) -> str:
+    """The best figure of ``key`` among the settings in ``pool``, and the setting's name."""
+    name = (max if high else min)(pool, key=lambda policy: pool[policy][key])
+    value = pool[name][key]
+    if key == "local_fraction":
+        return f"{value:.1%} ({name})"
+    return f"{value / 1e12:.1f} ({name})" if key == "storage_bytes" else f"{value:.0f} ({name})"
+
+
 def summary(rows: list[dict[str, Any]]) -> str:
-    """One line per regime: ours against Fluid-style on the sweep's measures."""
+    """One line per regime: the product's policy beside the rivals' best settings, in figures
+    (the ratios and goals are :func:`goals_table`'s)."""
     lines = [
-        "| regime | cache/total | hits ours / Fluid-style / none | hits ours : Fluid | storage TB ours / Fluid / none "
-        "| storage ours : Fluid | TTFS mean s ours / Fluid / none | goals |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| regime | cache/total | local bytes: product / best Fluid | store TB: product / lowest rival / no cache "
+        "| TTFS mean s: product / quickest rival | GPU-h idle: product / lowest rival |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         by = row["policies"]
-        o, f, d = by.get("ours"), by.get("fluid"), by.get("default")
-        if o is None or f is None:
+        mine, rivals = by.get(PRODUCT_POLICY), {p: f for p, f in by.items() if p in RIVALS}
+        if mine is None or not rivals:
             continue
-        none = d or {"hit_ratio": float("nan"), "storage_bytes": float("nan"), "ttfs_mean_s": float("nan")}
-        hits = o["hit_ratio"] / f["hit_ratio"] if f["hit_ratio"] else float("inf")
-        storage = o["storage_bytes"] / f["storage_bytes"] if f["storage_bytes"] else float("inf")
-        met = "; ".join(f"{goal.split()[0]} {'met' if ok else 'missed'}" for goal, _, ok in row["goals"][:2])
+        fluids = {p: f for p, f in rivals.items() if p in FLUIDS}
+        fluid = _best_cell(fluids, "local_fraction", high=True) if fluids else "-"
+        none = f"{by['default']['storage_bytes'] / 1e12:.1f}" if "default" in by else "-"
         lines.append(
             f"| {row['regime']} | {row['ratio']:.3g} "
-            f"| {o['hit_ratio']:.1%} / {f['hit_ratio']:.1%} / {none['hit_ratio']:.1%} | {hits:.2f}x "
-            f"| {o['storage_bytes'] / 1e12:.1f} / {f['storage_bytes'] / 1e12:.1f} / {none['storage_bytes'] / 1e12:.1f} "
-            f"| {storage:.2f}x "
-            f"| {o['ttfs_mean_s']:.0f} / {f['ttfs_mean_s']:.0f} / {none['ttfs_mean_s']:.0f} | {met} |"
+            f"| {mine['local_fraction']:.1%} / {fluid} "
+            f"| {mine['storage_bytes'] / 1e12:.1f} / {_best_cell(rivals, 'storage_bytes')} / {none} "
+            f"| {mine['ttfs_mean_s']:.0f} / {_best_cell(rivals, 'ttfs_mean_s')} "
+            f"| {mine['gpu_hours_idle_for_data']:.0f} / {_best_cell(rivals, 'gpu_hours_idle_for_data')} |"
         )
     return "\n".join(lines)
 
 
+def goals_table(rows: list[dict[str, Any]]) -> str:
+    """The results pages' goals table (:func:`tools.sim.results.goals_table`), a regime a line."""
+    return "\n".join(results_goals_table({row["regime"]: row for row in rows})).replace("| workload |", "| regime |", 1)
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = [summary(rows), "", effects(rows), ""]
+    lines = [
+        f"The product's policy: `{PRODUCT_POLICY}`.",
+        "",
+        summary(rows),
+        "",
+        goals_table(rows),
+        "",
+        effects(rows),
+        "",
+    ]
     for row in rows:
         lines.append(
             f"**{row['regime']}** (cache per node {row['cache_bytes_per_node'] / 1e12:.2f} TB, "
@@ -229,12 +250,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     for i, policy in enumerate(rows[0]["policies"]):
         color = f"C{i}"
         xs = [r["ratio"] for r in base]
-        left.plot(xs, [r["policies"][policy]["hit_ratio"] for r in base], "o-", color=color, label=policy)
+        left.plot(xs, [r["policies"][policy]["local_fraction"] for r in base], "o-", color=color, label=policy)
         right.plot(xs, [r["policies"][policy]["storage_bytes"] / 1e12 for r in base], "o-", color=color, label=policy)
         mx = [r["ratio"] for r in multi]
-        left.plot(mx, [r["policies"][policy]["hit_ratio"] for r in multi], "s", color=color, mfc="none")
+        left.plot(mx, [r["policies"][policy]["local_fraction"] for r in multi], "s", color=color, mfc="none")
         right.plot(mx, [r["policies"][policy]["storage_bytes"] / 1e12 for r in multi], "s", color=color, mfc="none")
-    for ax, label in ((left, "hit ratio"), (right, "storage TB read")):
+    for ax, label in ((left, "local-byte fraction"), (right, "storage TB read")):
         ax.set_xscale("log")
         ax.set_xlabel("cache per node / datasets' total size (log)")
         ax.set_ylabel(label)
@@ -328,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                 "datasets_total_bytes": datasets_total_bytes(wf),
                 "workload": wf.model_dump(mode="json"),
                 "policies": by,
-                "goals": goals(ratio, by),
+                "goals": goals(by),
             }
         )
     args.out.mkdir(parents=True, exist_ok=True)
