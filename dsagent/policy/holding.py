@@ -54,7 +54,10 @@ from dsagent.policy.eviction import EVICT_RATIO
 from dsagent.policy.stripegroup import Candidate, Candidates, choose_group
 from dsplatform.stripe import group_size
 
-#: the most of its cache a member gives one version's share (:func:`dsplatform.stripe.group_size`)
+#: the most of its cache a member gives one version's share (:func:`dsplatform.stripe.group_size`):
+#: the striping proposal's default, half a node's disk for one version, not chosen in the cluster
+#: simulator. Every owner holds an equal share (ownership is not weighted by room), so a one-node
+#: job reads about 1/k of a larger version from its own disk (docs/simulator.md, known limits)
 SHARE_BUDGET = 0.5
 
 #: the fewest members of a version that fits a node but that a job's node reads through the
