@@ -62,7 +62,7 @@ from dsagent.cache.striped.stripecurrent import CurrentVersions
 from dsagent.cache.striped.stripefetch import BundleSources
 from dsagent.cache.striped.stripereaders import Holder, PodReader, refusal
 from dsagent.cache.striped.stripewindow import StripeWindow
-from dsagent.errors import DsagentError, Forbidden, InsufficientSpace, InvalidInput, NotFound
+from dsagent.errors import DsagentError, FetchStopped, Forbidden, InsufficientSpace, InvalidInput, NotFound
 from dsagent.format.manifest import BundleRef, FileEntry, Manifest, read_manifest
 from dsagent.format.storageconfig import with_config
 from dsplatform.stripe import StripeLayout
@@ -508,8 +508,10 @@ class StripeShares(ShareRecords, ShareFill):
                 # stopped when no reader waits for it any more (the window), or when the share is
                 # let go (_stop_fill sets the event of every fetch listed, until its thread has ended)
                 copies = await self.sources.copies(*key)
-                if share.stop.is_set():  # let go meanwhile
-                    stop.set()
+                if share.stop.is_set():  # let go during the lookup: no thread, no directory under it
+                    raise FetchStopped(
+                        f"the share of {name}@{digest[:12]} was let go while bundle {bundle[:12]} was asked for"
+                    )
                 # on a thread a cancel does not stop: a release waits for it (_stop_fill)
                 work = asyncio.ensure_future(self.pools.work(self._fetch_visiting, share, ref, directory, copies, stop))
                 share.visits[work] = stop

@@ -162,6 +162,68 @@ def test_a_reader_that_goes_stops_its_window_fetch(
         assert not window.exists() or list(window.iterdir()) == [], sorted(window.rglob("*"))
 
 
+class _SlowInventory(BaseHTTPRequestHandler):
+    """A configured peer slow to list what it holds: the window's lookup of whole copies
+    waits on it (then it holds nothing)."""
+
+    asks = 0
+
+    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        type(self).asks += 1
+        time.sleep(2.0)
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_release_during_the_windows_lookup_starts_no_fetch(
+    agent_factory: Any, loopback: tuple[Path, str, LoopbackServer], tmp_path: Path, busy_peer: str
+) -> None:
+    """The share is let go while the window's fetch still asks the peers who holds the
+    version whole: the fetch ends there, before its thread starts, and makes no directory
+    under the version the release has removed."""
+    www, url, _ = loopback
+    manifest = _store(www)
+    _SlowInventory.asks = 0
+    slow = ThreadingHTTPServer(("127.0.0.1", 0), _SlowInventory)
+    threading.Thread(target=slow.serve_forever, daemon=True).start()
+    agent = _pod_agent(
+        agent_factory, tmp_path, DSAGENT_PEER_TOKEN=TOKEN, DSAGENT_PEERS=f"http://127.0.0.1:{slow.server_address[1]}"
+    )
+    version = agent.root / "stripes" / "imgs" / manifest.digest
+    route = f"/v1/stripes/imgs/{manifest.digest}/bundles/{manifest.bundles[0].digest}"
+    body = {"store": f"{url}/store", "members": [NODE, OTHER], "peers": {OTHER: busy_peer}, "noShare": [NODE]}
+    answers: list[httpx.Response] = []
+
+    def read() -> None:
+        with unix_client(agent) as reader:
+            answers.append(reader.get(route))
+
+    try:
+        with unix_client(agent) as pod, unix_client(agent, ADMIN_TOKEN) as operator:
+            assert operator.put("/v1/stripes/imgs", json=body).status_code == 200
+            mine = {"name": "imgs", "source": "memory://stripe-release-lookup/none", "bundles": f"{url}/store"}
+            assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [mine]}).status_code == 200
+            reading = threading.Thread(target=read)
+            reading.start()
+            deadline = time.monotonic() + 30
+            while _SlowInventory.asks < 1:  # the window's fetch looks for whole copies
+                assert time.monotonic() < deadline, "the window never looked for whole copies"
+                time.sleep(0.02)
+            released = operator.delete("/v1/stripes/imgs")
+            assert released.status_code == 200, released.text
+            reading.join(30)
+    finally:
+        slow.shutdown()
+        slow.server_close()
+    assert [a.status_code for a in answers] == [503], [a.text[:200] for a in answers]  # ask again
+    assert _AlwaysLater.asks == 0  # the owner was never asked
+    assert not version.exists(), sorted(p.relative_to(agent.root) for p in version.rglob("*"))
+
+
 class _SetAfter(threading.Event):
     """An event that reads as set from its ``n``-th look on: "stopped" between two steps."""
 
