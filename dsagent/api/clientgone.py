@@ -2,12 +2,14 @@
 
 uvicorn does not cancel a request's handler when its connection closes; a handler learns of it
 only from ``receive()``, which answers ``http.disconnect`` then. A handler whose answer waits on
-work done for its client alone (a bundle fetched into the stripe window for one reader) runs
-that work with :func:`unless_gone`: the client that closes its connection first cancels it,
-so that the work stops (the window then stops a fetch no reader waits for) instead of running
-to its end for nobody.
+work done for its client alone (a bundle fetched into the stripe window for one reader, a
+long-poll's wait for a task or an operation) runs that work with :func:`unless_gone`: the
+client that closes its connection first cancels it, so that the work stops (the window then
+stops a fetch no reader waits for; a long-poll stops waiting, the task's work goes on)
+instead of running to its end for nobody.
 
-Who calls it: :mod:`dsagent.api.striperoutes`.
+Who calls it: :mod:`dsagent.api.striperoutes` (a stripe bundle), :mod:`dsagent.api.routes`
+(``?wait=`` on tasks and operations).
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ because validation errors are answered as 400 ``invalid_input``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -31,6 +31,7 @@ from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
+from dsagent.api.clientgone import unless_gone
 from dsagent.api.identity import (
     Caller,
     acting_for,
@@ -163,13 +164,18 @@ def tenant(request: Request, who: Caller = Depends(caller)) -> str | None:
 async def submit_task(
     task_id: str,
     body: TaskIn,
+    request: Request,
     svc: CacheService = Depends(service),
     wait: float = Query(0.0, ge=0.0, le=3600.0),
     who: Caller = Depends(caller),
     namespace: str | None = Depends(tenant),
 ) -> dict[str, Any]:
+    """Ask for a task's datasets; ``wait`` then holds the answer until their work ends (at
+    most that many seconds), while the client stays."""
     require_task(who, task_id, write=True)
-    record = await svc.submit_task(task_id, [d.to_request() for d in body.datasets], wait=wait, tenant=namespace)
+    record = await svc.submit_task(task_id, [d.to_request() for d in body.datasets], tenant=namespace)
+    if wait:
+        record = await _waiting(request, svc.get_task(record.task_id, wait=wait))
     return dict(task_status(record))
 
 
@@ -189,14 +195,17 @@ async def list_tasks(svc: CacheService = Depends(service), who: Caller = Depends
 @router.get("/v1/tasks/{task_id}", response_model=TaskOut, responses=errors(400, 403, 404))
 async def get_task(
     task_id: str,
+    request: Request,
     svc: CacheService = Depends(service),
     wait: float = Query(0.0, ge=0.0, le=3600.0),
     who: Caller = Depends(caller),
 ) -> dict[str, Any]:
     """Where the task stands; ``wait`` holds the answer until its running work ends (at
-    most that many seconds): a client following it long-polls instead of sleeping."""
+    most that many seconds, while the client stays): a client following it long-polls
+    instead of sleeping."""
     require_task(who, task_id, write=False)
-    return dict(task_status(await svc.get_task(task_id, wait=wait)))
+    looking = svc.get_task(task_id, wait=wait)
+    return dict(task_status(await (_waiting(request, looking) if wait else looking)))
 
 
 @router.delete(
@@ -287,8 +296,19 @@ async def get_operation(op_id: str, request: Request, who: Caller = Depends(call
     op = ops.get(op_id)
     if not (who.operator or (who.kind == "pod" and op.owner == _owner(who))):
         require_operator(who)  # 401 without the token, 403 for another pod
-    await ops.wait(op, wait)
+    await _waiting(request, ops.wait(op, wait))
     return operation_out(op)
+
+
+T = TypeVar("T")
+
+
+async def _waiting(request: Request, wait: Awaitable[T]) -> T:
+    """``wait``, a wait for work that goes on without it (a task's, an operation's), held for
+    this request's client alone: ended when the client closes its connection, so that a
+    client that gave up leaves no handler waiting out its ``wait`` for nobody (uvicorn does
+    not cancel it, :mod:`dsagent.api.clientgone`)."""
+    return await unless_gone(request.receive, wait)
 
 
 def _owner(who: Caller) -> str:
@@ -310,7 +330,7 @@ async def _as_operation(
     error) when it finishes within ``wait``, else 202 with the operation to follow."""
     ops: Operations = request.app.state.operations
     op = ops.start(kind, owner, target, action)
-    if await ops.wait(op, wait):
+    if await _waiting(request, ops.wait(op, wait)):
         return op.result()  # raises the action's own error: 409, 404, ... as before
     return JSONResponse(operation_out(op), status_code=202, headers={"Location": f"/v1/operations/{op.id}"})
 

@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,11 +41,13 @@ class SlowEvictions:
         self.go = threading.Event()
         self.calls = 0
         self.error = error
+        self.finished = 0  # calls that ran to their end (none cancelled)
 
     async def __call__(self, **kwargs: Any) -> EvictionResult:
         self.calls += 1
         while not self.go.is_set():
             await asyncio.sleep(0.01)
+        self.finished += 1
         if self.error is not None:
             raise self.error
         return EvictionResult(evicted=(), freed_bytes=0, dry_run=bool(kwargs.get("dry_run")))
@@ -129,6 +132,63 @@ def test_the_client_stops_waiting_with_still_running_not_a_retryable_failure(
         assert seen and all(op["state"] == "running" and op["id"] == op_id for op in seen)
         slow.go.set()
         assert client.operation(op_id, wait=10)["state"] == "succeeded"  # it went on, and ended
+
+
+class Watched:
+    """Wraps a wait the routes make for their client: records how each one ended."""
+
+    def __init__(self, wait: Any) -> None:
+        self.wait, self.ends = wait, []  # type: list[str]
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            answer = await self.wait(*args, **kwargs)
+        except asyncio.CancelledError:
+            self.ends.append("cancelled")
+            raise
+        self.ends.append("answered")
+        return answer
+
+
+def _eventually(check: Any, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("route", ["evict", "operation", "task"])
+def test_a_long_poll_whose_client_goes_stops_waiting_and_the_work_goes_on(
+    agent_app: tuple[str, CacheService], monkeypatch: pytest.MonkeyPatch, route: str
+) -> None:
+    """A client that gives up on ``?wait=`` closes its connection: the agent stops holding
+    its answer at once (uvicorn cancels no handler by itself), not after the wait; what it
+    waited for (the eviction) goes on."""
+    url, svc = agent_app
+    slow = SlowEvictions()
+    monkeypatch.setattr(svc, "evict", slow)
+    waits = Watched(operations.Operations.wait)
+    monkeypatch.setattr(operations.Operations, "wait", lambda ops, op, seconds: waits(ops, op, seconds))
+    tasks = Watched(lambda task_id, wait: asyncio.sleep(wait))  # a task whose work runs the whole wait
+    monkeypatch.setattr(svc, "get_task", tasks)
+    with operator(url) as http:
+        if route == "operation":
+            op = http.post("/v1/evict", params={"wait": 0}, json={"mode": "unused"}).json()
+            waits.ends.clear()
+        with pytest.raises(httpx.ReadTimeout):
+            if route == "evict":
+                http.post("/v1/evict", params={"wait": 60}, json={"mode": "unused"}, timeout=0.5)
+            elif route == "operation":
+                http.get(op["href"], params={"wait": 60}, timeout=0.5)
+            else:
+                http.get("/v1/tasks/gone-client", params={"wait": 60}, timeout=0.5)
+        watched = tasks if route == "task" else waits
+        _eventually(lambda: watched.ends, "the agent still waits for a client that went")
+        assert watched.ends == ["cancelled"]
+        if route != "task":
+            slow.go.set()  # the eviction itself was not cancelled: it ends
+            _eventually(lambda: slow.finished == 1, "the eviction did not go on to its end")
+            assert slow.calls == 1
 
 
 def test_operations_need_the_operator_and_are_bounded(
