@@ -13,9 +13,10 @@ steps a stop ends: a store download between two files, a peer's body between two
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
@@ -56,15 +57,53 @@ class _AlwaysLater(BaseHTTPRequestHandler):
         pass
 
 
+@contextlib.contextmanager
+def _serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """``handler`` served on loopback while the block runs: its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture
 def busy_peer() -> Iterator[str]:
     _AlwaysLater.asks = 0
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _AlwaysLater)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with _serving(_AlwaysLater) as url:
+        yield url
+
+
+def _release_while_read(
+    agent: Any, store: str, busy_peer: str, manifest: Any, source: str, asked: Callable[[], bool], what: str
+) -> list[httpx.Response]:
+    """This node holds no share (``noShare``) of ``imgs``, whose other member is ``busy_peer``;
+    its pod reads the first bundle through the window, and the version is released once
+    ``asked()`` says the window's fetch is where the test wants it. The pod's answers."""
+    route = f"/v1/stripes/imgs/{manifest.digest}/bundles/{manifest.bundles[0].digest}"
+    body = {"store": store, "members": [NODE, OTHER], "peers": {OTHER: busy_peer}, "noShare": [NODE]}
+    answers: list[httpx.Response] = []
+
+    def read() -> None:
+        with unix_client(agent) as reader:
+            answers.append(reader.get(route))
+
+    with unix_client(agent) as pod, unix_client(agent, ADMIN_TOKEN) as operator:
+        assert operator.put("/v1/stripes/imgs", json=body).status_code == 200
+        mine = {"name": "imgs", "source": source, "bundles": store}
+        assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [mine]}).status_code == 200
+        reading = threading.Thread(target=read)
+        reading.start()
+        deadline = time.monotonic() + 30
+        while not asked():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.02)
+        released = operator.delete("/v1/stripes/imgs")
+        assert released.status_code == 200, released.text
+        reading.join(30)
+    return answers
 
 
 def test_a_release_does_not_wait_out_a_busy_peer(
@@ -104,28 +143,10 @@ def test_a_release_stops_a_window_fetch_and_leaves_nothing_behind(
     manifest = _store(www)
     agent = _pod_agent(agent_factory, tmp_path, DSAGENT_PEER_TOKEN=TOKEN, DSAGENT_PEER_WAIT="3s")
     version = agent.root / "stripes" / "imgs" / manifest.digest
-    bundle = manifest.bundles[0]
-    route = f"/v1/stripes/imgs/{manifest.digest}/bundles/{bundle.digest}"
-    body = {"store": f"{url}/store", "members": [NODE, OTHER], "peers": {OTHER: busy_peer}, "noShare": [NODE]}
-    answers: list[httpx.Response] = []
-
-    def read() -> None:
-        with unix_client(agent) as reader:
-            answers.append(reader.get(route))
-
-    with unix_client(agent) as pod, unix_client(agent, ADMIN_TOKEN) as operator:
-        assert operator.put("/v1/stripes/imgs", json=body).status_code == 200
-        mine = {"name": "imgs", "source": "memory://stripe-release/none", "bundles": f"{url}/store"}
-        assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [mine]}).status_code == 200
-        reading = threading.Thread(target=read)
-        reading.start()
-        deadline = time.monotonic() + 30
-        while _AlwaysLater.asks < 1:  # the window's fetch waits on the owner
-            assert time.monotonic() < deadline, "the window never asked the owner"
-            time.sleep(0.05)
-        released = operator.delete("/v1/stripes/imgs")
-        assert released.status_code == 200, released.text
-        reading.join(30)
+    answers = _release_while_read(
+        agent, f"{url}/store", busy_peer, manifest, "memory://stripe-release/none",
+        lambda: _AlwaysLater.asks >= 1, "the window never asked the owner",  # its fetch waits on the owner
+    )  # fmt: skip
     time.sleep(4)  # past the peer wait, when a fetch left running would read the store
     assert not version.exists(), sorted(p.relative_to(agent.root) for p in version.rglob("*"))
     assert [a.status_code for a in answers] == [503], [a.text[:200] for a in answers]  # ask again
@@ -188,37 +209,13 @@ def test_a_release_during_the_windows_lookup_starts_no_fetch(
     www, url, _ = loopback
     manifest = _store(www)
     _SlowInventory.asks = 0
-    slow = ThreadingHTTPServer(("127.0.0.1", 0), _SlowInventory)
-    threading.Thread(target=slow.serve_forever, daemon=True).start()
-    agent = _pod_agent(
-        agent_factory, tmp_path, DSAGENT_PEER_TOKEN=TOKEN, DSAGENT_PEERS=f"http://127.0.0.1:{slow.server_address[1]}"
-    )
-    version = agent.root / "stripes" / "imgs" / manifest.digest
-    route = f"/v1/stripes/imgs/{manifest.digest}/bundles/{manifest.bundles[0].digest}"
-    body = {"store": f"{url}/store", "members": [NODE, OTHER], "peers": {OTHER: busy_peer}, "noShare": [NODE]}
-    answers: list[httpx.Response] = []
-
-    def read() -> None:
-        with unix_client(agent) as reader:
-            answers.append(reader.get(route))
-
-    try:
-        with unix_client(agent) as pod, unix_client(agent, ADMIN_TOKEN) as operator:
-            assert operator.put("/v1/stripes/imgs", json=body).status_code == 200
-            mine = {"name": "imgs", "source": "memory://stripe-release-lookup/none", "bundles": f"{url}/store"}
-            assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [mine]}).status_code == 200
-            reading = threading.Thread(target=read)
-            reading.start()
-            deadline = time.monotonic() + 30
-            while _SlowInventory.asks < 1:  # the window's fetch looks for whole copies
-                assert time.monotonic() < deadline, "the window never looked for whole copies"
-                time.sleep(0.02)
-            released = operator.delete("/v1/stripes/imgs")
-            assert released.status_code == 200, released.text
-            reading.join(30)
-    finally:
-        slow.shutdown()
-        slow.server_close()
+    with _serving(_SlowInventory) as slow:
+        agent = _pod_agent(agent_factory, tmp_path, DSAGENT_PEER_TOKEN=TOKEN, DSAGENT_PEERS=slow)
+        version = agent.root / "stripes" / "imgs" / manifest.digest
+        answers = _release_while_read(
+            agent, f"{url}/store", busy_peer, manifest, "memory://stripe-release-lookup/none",
+            lambda: _SlowInventory.asks >= 1, "the window never looked for whole copies",
+        )  # fmt: skip
     assert [a.status_code for a in answers] == [503], [a.text[:200] for a in answers]  # ask again
     assert _AlwaysLater.asks == 0  # the owner was never asked
     assert not version.exists(), sorted(p.relative_to(agent.root) for p in version.rglob("*"))
