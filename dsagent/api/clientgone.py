@@ -34,9 +34,10 @@ class ClientGone(TransientError):
 async def unless_gone(receive: Receive, work: Awaitable[T]) -> T:
     """``work``'s result, or :class:`ClientGone` once the request's client has closed its
     connection before ``work`` ended (``work`` is cancelled, and has ended, by then). For a
-    request without a body (a GET): the messages ``receive`` answers are the request's empty
-    body and then, when the connection closes, ``http.disconnect``; a response streamed
-    afterwards still learns of the disconnect (the server answers it again)."""
+    request whose body is read already (a GET's is empty; a PUT's or POST's read by its
+    route's parameters): what ``receive`` answers is what is left of the body, if anything,
+    then, when the connection closes, ``http.disconnect``; a response streamed afterwards
+    still learns of the disconnect (the server answers it again)."""
     task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(_disconnect(receive))
     try:
