@@ -110,7 +110,7 @@ METRICS: tuple[Metric, ...] = (
     ("deadline misses", False, lambda f: f["deadline_misses"]),
     ("mean job time", False, lambda f: f["jct_mean_s"]),
 )
-_METRIC = {m[0]: m for m in METRICS}  # by name
+METRIC = {m[0]: m for m in METRICS}  # by name
 
 
 def run_missing(out: Path, names: tuple[str, ...], procs: int) -> None:
@@ -188,7 +188,8 @@ def seeds_summary(docs: Mapping[str, Mapping[str, Any]]) -> str:
     )
 
 
-def _best(by: Mapping[str, Mapping[str, Any]], policies: tuple[str, ...], metric: Metric) -> str:
+def best_setting(by: Mapping[str, Mapping[str, Any]], policies: tuple[str, ...], metric: Metric) -> str:
+    """The setting among ``policies`` (those that ran, in ``by``) best on ``metric``."""
     _, higher, get = metric
     present = [p for p in policies if p in by]
     return (max if higher else min)(present, key=lambda p: get(by[p]))
@@ -228,7 +229,7 @@ def claims(docs: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], list[str],
                 by = doc["policies"]
                 if mine not in by:
                     continue
-                best = _best(by, tuple(p for p in BASELINES if p in by), metric)
+                best = best_setting(by, tuple(p for p in BASELINES if p in by), metric)
                 if not _better(get(by[mine]), get(by[best]), higher):
                     lost.append(f"{wname} ({mine} {_fmt(name, get(by[mine]))}, {best} {_fmt(name, get(by[best]))})")
             line = f"`{mine}`: {name} at least as good as the best baseline's"
@@ -299,11 +300,11 @@ def goal_ratios(docs: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str, l
                 value = _avoidable(by[mine])
                 cells.append((value, "", met(value)))
                 continue
-            metric = _METRIC[name]
+            metric = METRIC[name]
             if not any(p in by for p in rivals):  # none of this goal's rivals ran (the sweep's subsets)
                 cells.append((math.nan, "", True))
                 continue
-            best = _best(by, rivals, metric)
+            best = best_setting(by, rivals, metric)
             ratio = _ratio(metric[2](by[mine]), metric[2](by[best]))
             cells.append((ratio, best, met(ratio)))
         out.append((wname, mine, cells))
@@ -341,7 +342,7 @@ def goal_cell(
     if not best:
         return "-"
     if ratio == 0 or math.isinf(ratio):  # one side is zero: a ratio says nothing, the figures do
-        get = _METRIC[name][2]
+        get = METRIC[name][2]
         return f"{_fmt(name, get(by[mine]))} against {_fmt(name, get(by[best]))} ({best})"
     digits = 4 if f"{ratio:.2f}" == "1.00" and ratio != 1.0 else 2  # near 1.0x: which side of the target
     return f"{ratio:.{digits}f}x ({best})"
@@ -418,8 +419,8 @@ def sensitivity(doc: Mapping[str, Any]) -> list[str]:
                 "GPU-hours idle for data",
                 "mean job time",
             ):
-                metric = _METRIC[name]
-                best = _best(by, base, metric)
+                metric = METRIC[name]
+                best = best_setting(by, base, metric)
                 theirs, ours = metric[2](by[best]), metric[2](by[mine])
                 cells.append(f"{ours / theirs:.2f}x" if theirs else "-")
             share = f"{point['rates'][keys[2]]:.0%} | " if mixed else ""

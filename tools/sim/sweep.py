@@ -31,6 +31,7 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ if str(REPO) not in sys.path:
 
 from tools.sim import report  # noqa: E402
 from tools.sim.policies import POLICIES, PRODUCT_POLICY  # noqa: E402
-from tools.sim.results import FLUIDS, GOALS, RIVALS, goal_cell, goal_ratios  # noqa: E402
+from tools.sim.results import FLUIDS, GOALS, METRIC, RIVALS, best_setting, goal_cell, goal_ratios  # noqa: E402
 from tools.sim.results import goals_table as results_goals_table  # noqa: E402
 from tools.sim.run import WORKLOADS, simulate  # noqa: E402
 from tools.sim.workload_file import WorkloadError, WorkloadFile, datasets_total_bytes, load  # noqa: E402
@@ -172,13 +173,12 @@ def effects(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _best_cell(pool: dict[str, dict[str, Any]], key: str, high: bool = False) -> str:
-    """The best figure of ``key`` among the settings in ``pool``, and the setting's name."""
-    name = (max if high else min)(pool, key=lambda policy: pool[policy][key])
-    value = pool[name][key]
-    if key == "local_fraction":
-        return f"{value:.1%} ({name})"
-    return f"{value / 1e12:.1f} ({name})" if key == "storage_bytes" else f"{value:.0f} ({name})"
+def _best_cell(pool: dict[str, dict[str, Any]], measure: str, shown: Callable[[float], str]) -> str:
+    """The best figure of ``measure`` (:data:`tools.sim.results.METRICS`, which says which way
+    is better) among the settings in ``pool``, as ``shown`` writes it, and the setting's name."""
+    metric = METRIC[measure]
+    name = best_setting(pool, tuple(pool), metric)
+    return f"{shown(metric[2](pool[name]))} ({name})"
 
 
 def summary(rows: list[dict[str, Any]]) -> str:
@@ -195,14 +195,16 @@ def summary(rows: list[dict[str, Any]]) -> str:
         if mine is None or not rivals:
             continue
         fluids = {p: f for p, f in rivals.items() if p in FLUIDS}
-        fluid = _best_cell(fluids, "local_fraction", high=True) if fluids else "-"
+        fluid = _best_cell(fluids, "local-byte fraction", "{:.1%}".format) if fluids else "-"
         none = f"{by['default']['storage_bytes'] / 1e12:.1f}" if "default" in by else "-"
+        store = _best_cell(rivals, "store bytes", lambda v: f"{v / 1e12:.1f}")
+        ttfs = _best_cell(rivals, "mean time to first step", "{:.0f}".format)
+        idle = _best_cell(rivals, "GPU-hours idle for data", "{:.0f}".format)
         lines.append(
             f"| {row['regime']} | {row['ratio']:.3g} "
             f"| {mine['local_fraction']:.1%} / {fluid} "
-            f"| {mine['storage_bytes'] / 1e12:.1f} / {_best_cell(rivals, 'storage_bytes')} / {none} "
-            f"| {mine['ttfs_mean_s']:.0f} / {_best_cell(rivals, 'ttfs_mean_s')} "
-            f"| {mine['gpu_hours_idle_for_data']:.0f} / {_best_cell(rivals, 'gpu_hours_idle_for_data')} |"
+            f"| {mine['storage_bytes'] / 1e12:.1f} / {store} / {none} "
+            f"| {mine['ttfs_mean_s']:.0f} / {ttfs} | {mine['gpu_hours_idle_for_data']:.0f} / {idle} |"
         )
     return "\n".join(lines)
 
