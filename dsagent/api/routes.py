@@ -22,8 +22,8 @@ because validation errors are answered as 400 ``invalid_input``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -175,7 +175,8 @@ async def submit_task(
     require_task(who, task_id, write=True)
     record = await svc.submit_task(task_id, [d.to_request() for d in body.datasets], tenant=namespace)
     if wait:
-        record = await _waiting(request, svc.get_task(record.task_id, wait=wait))
+        # the wait ends when the client goes (the work goes on): no handler waits for nobody
+        record = await unless_gone(request.receive, svc.get_task(record.task_id, wait=wait))
     return dict(task_status(record))
 
 
@@ -205,7 +206,7 @@ async def get_task(
     instead of sleeping."""
     require_task(who, task_id, write=False)
     looking = svc.get_task(task_id, wait=wait)
-    return dict(task_status(await (_waiting(request, looking) if wait else looking)))
+    return dict(task_status(await (unless_gone(request.receive, looking) if wait else looking)))
 
 
 @router.delete(
@@ -296,19 +297,8 @@ async def get_operation(op_id: str, request: Request, who: Caller = Depends(call
     op = ops.get(op_id)
     if not (who.operator or (who.kind == "pod" and op.owner == _owner(who))):
         require_operator(who)  # 401 without the token, 403 for another pod
-    await _waiting(request, ops.wait(op, wait))
+    await unless_gone(request.receive, ops.wait(op, wait))  # ends when the client goes
     return operation_out(op)
-
-
-T = TypeVar("T")
-
-
-async def _waiting(request: Request, wait: Awaitable[T]) -> T:
-    """``wait``, a wait for work that goes on without it (a task's, an operation's), held for
-    this request's client alone: ended when the client closes its connection, so that a
-    client that gave up leaves no handler waiting out its ``wait`` for nobody (uvicorn does
-    not cancel it, :mod:`dsagent.api.clientgone`)."""
-    return await unless_gone(request.receive, wait)
 
 
 def _owner(who: Caller) -> str:
@@ -330,7 +320,7 @@ async def _as_operation(
     error) when it finishes within ``wait``, else 202 with the operation to follow."""
     ops: Operations = request.app.state.operations
     op = ops.start(kind, owner, target, action)
-    if await _waiting(request, ops.wait(op, wait)):
+    if await unless_gone(request.receive, ops.wait(op, wait)):  # ends when the client goes
         return op.result()  # raises the action's own error: 409, 404, ... as before
     return JSONResponse(operation_out(op), status_code=202, headers={"Location": f"/v1/operations/{op.id}"})
 
