@@ -15,7 +15,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from dsagent.cache.service import CacheService, EvictionResult
 from dsagent.cache.settings import Settings
 from dsagent.errors import Conflict, StillRunning
 from tests.scheduler_plugin.server import serving
-from tools.support.harness import ADMIN_TOKEN, LoopbackServer
+from tools.support.harness import ADMIN_TOKEN, LoopbackServer, eventually
 
 TOKEN = "operations-test-token-0123"
 
@@ -150,13 +149,6 @@ class Watched:
         return answer
 
 
-def _eventually(check: Any, what: str) -> None:
-    deadline = time.monotonic() + 10
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
-
-
 @pytest.mark.parametrize("route", ["evict", "operation", "task"])
 def test_a_long_poll_whose_client_goes_stops_waiting_and_the_work_goes_on(
     agent_app: tuple[str, CacheService], monkeypatch: pytest.MonkeyPatch, route: str
@@ -183,11 +175,11 @@ def test_a_long_poll_whose_client_goes_stops_waiting_and_the_work_goes_on(
             else:
                 http.get("/v1/tasks/gone-client", params={"wait": 60}, timeout=0.5)
         watched = tasks if route == "task" else waits
-        _eventually(lambda: watched.ends, "the agent still waits for a client that went")
+        eventually(lambda: watched.ends, 10, "the agent to stop waiting for a client that went")
         assert watched.ends == ["cancelled"]
         if route != "task":
             slow.go.set()  # the eviction itself was not cancelled: it ends
-            _eventually(lambda: slow.finished == 1, "the eviction did not go on to its end")
+            eventually(lambda: slow.finished == 1, 10, "the eviction to go on to its end")
             assert slow.calls == 1
 
 

@@ -33,7 +33,7 @@ from dsagent.format.bundles.bundle import pack
 from tests.dsagent.api.test_pod_rights import POD, unix_client
 from tests.dsagent.cache.test_stripe_lease import NODE, _pod_agent, _store
 from tests.dsagent.conftest import write_tree
-from tools.support.harness import ADMIN_TOKEN, LoopbackServer
+from tools.support.harness import ADMIN_TOKEN, LoopbackServer, eventually
 
 TOKEN = "p" * 40
 OTHER = "node-b"
@@ -96,10 +96,7 @@ def _release_while_read(
         assert pod.put(f"/v1/tasks/{POD}", json={"datasets": [mine]}).status_code == 200
         reading = threading.Thread(target=read)
         reading.start()
-        deadline = time.monotonic() + 30
-        while not asked():
-            assert time.monotonic() < deadline, what
-            time.sleep(0.02)
+        eventually(asked, what=what)
         released = operator.delete("/v1/stripes/imgs")
         assert released.status_code == 200, released.text
         reading.join(30)
@@ -117,10 +114,8 @@ def test_a_release_does_not_wait_out_a_busy_peer(
         held = operator.put("/v1/stripes/imgs", json=body)
         assert held.status_code == 200, held.text
         assert held.json()["bundlesOwned"] > 0
-        deadline = time.monotonic() + 30
-        while _AlwaysLater.asks < 2:  # the fill waits on the other member (the previous owner)
-            assert time.monotonic() < deadline, "the fill never asked the other member"
-            time.sleep(0.05)
+        # the fill waits on the other member (the previous owner)
+        eventually(lambda: _AlwaysLater.asks >= 2, what="the fill to ask the other member")
         started = time.monotonic()
         released = operator.delete("/v1/stripes/imgs")  # the client gives up after 30 s
         took = time.monotonic() - started
@@ -145,7 +140,7 @@ def test_a_release_stops_a_window_fetch_and_leaves_nothing_behind(
     version = agent.root / "stripes" / "imgs" / manifest.digest
     answers = _release_while_read(
         agent, f"{url}/store", busy_peer, manifest, "memory://stripe-release/none",
-        lambda: _AlwaysLater.asks >= 1, "the window never asked the owner",  # its fetch waits on the owner
+        lambda: _AlwaysLater.asks >= 1, "the window to ask the owner",  # its fetch waits on the owner
     )  # fmt: skip
     time.sleep(4)  # past the peer wait, when a fetch left running would read the store
     assert not version.exists(), sorted(p.relative_to(agent.root) for p in version.rglob("*"))
@@ -214,7 +209,7 @@ def test_a_release_during_the_windows_lookup_starts_no_fetch(
         version = agent.root / "stripes" / "imgs" / manifest.digest
         answers = _release_while_read(
             agent, f"{url}/store", busy_peer, manifest, "memory://stripe-release-lookup/none",
-            lambda: _SlowInventory.asks >= 1, "the window never looked for whole copies",
+            lambda: _SlowInventory.asks >= 1, "the window to look for whole copies",
         )  # fmt: skip
     assert [a.status_code for a in answers] == [503], [a.text[:200] for a in answers]  # ask again
     assert _AlwaysLater.asks == 0  # the owner was never asked
