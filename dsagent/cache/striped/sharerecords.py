@@ -135,14 +135,14 @@ class ShareRecords:
                                 lease=min(left, lease) if left > 0 else lease, whole=record.get("whole") is True,
                                 store_on_demand=record.get("storeOnDemand") is True,
                                 holders=[(str(ns), str(ds)) for ns, ds in record.get("heldFor", ())],
-                                manifest=manifest)  # fmt: skip
+                                manifest=manifest,
+                                # what its readers took through the window before (the placement
+                                # weighs it), and the eviction's LRU order, survive a restart
+                                window_bytes=count(record.get("windowBytes")),
+                                last_used=used if used >= 0 else None)  # fmt: skip
                 share = self._shares.get((name, digest))
                 if share is not None and kept and share.whole:
                     await self._keep(share)
-                if share is not None:  # what its readers took through the window before (the placement weighs it)
-                    share.window_bytes = max(share.window_bytes, count(record.get("windowBytes")))
-                    if 0 <= used < share.last_used:  # the eviction's LRU order survives a restart
-                        share.last_used = used
                 if share is not None and left <= 0:  # lapsed, and used within its lease: expire() decides
                     share.expires = self.clock() + left
                     await self.pools.work(self._remember, share)

@@ -137,6 +137,8 @@ class StripeShares(ShareRecords, ShareFill):
         whole: bool = False,
         store_on_demand: bool = False,
         manifest: Manifest | None = None,
+        window_bytes: int = 0,
+        last_used: float | None = None,
     ) -> dict[str, Any]:
         """Take part in the stripe group ``members`` of ``name`` (its current manifest in
         ``store``, or version ``digest``): write the layout, start fetching this node's share,
@@ -158,7 +160,11 @@ class StripeShares(ShareRecords, ShareFill):
         fill from the peers only and read the store only for bundles a reader waits for
         (:mod:`.sharefill`); a change of it applies to the bundles the fill has not started.
         ``manifest``: the version's, kept beside its share (:meth:`recover`): the store is not
-        read, and may hold a newer version by now."""
+        read, and may hold a newer version by now. ``window_bytes`` and ``last_used``: what the
+        share's record said before a restart (:meth:`recover`), the bytes its readers took
+        through the window (the placement weighs them) and when it was last used (the
+        eviction's order); the share counts no fewer bytes, and was used no later, from the
+        moment it is held, so that neither a reader of it nor its record sees them start over."""
         lease = self.settings.stripe_lease if lease is None else lease
         if not 0 < lease <= 30 * 86400:
             raise InvalidInput(f"a share's lease is 1 s to 30 days, not {lease:g} s")
@@ -199,6 +205,9 @@ class StripeShares(ShareRecords, ShareFill):
             same_group = share is not None and (share.layout.members, share.no_share) == (layout.members, shareless)
             if share is not None and same_group and share.error is None and (share.whole or not whole):
                 share.on_demand = store_on_demand  # the fill's next bundles follow it
+                share.window_bytes = max(share.window_bytes, window_bytes)
+                if last_used is not None:
+                    share.last_used = min(share.last_used, last_used)
                 share.peers.update(peers)
                 share.holders.update(holders)
                 share.expires, share.lease = now + lease, lease  # a renewal is no use: last_used stays
@@ -224,9 +233,9 @@ class StripeShares(ShareRecords, ShareFill):
                 layout, manifest, store, options, dict(peers), max(0, ready_after), owned=tuple(everything or owned),
                 no_share=shareless, holders={*(share.holders if share is not None else ()), *holders},
                 whole=everything is not None, on_demand=store_on_demand,
-                window_bytes=share.window_bytes if share is not None else 0,
+                window_bytes=max(window_bytes, share.window_bytes if share is not None else 0),
                 # a new group re-plans the share but is no use of it
-                last_used=share.last_used if share is not None else now,
+                last_used=min(share.last_used if share is not None else now, now if last_used is None else last_used),
             )  # fmt: skip
             share.expires, share.lease = now + lease, lease
             self._shares[key] = share

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 
+from dsagent.cache.striped.sharerecords import HOLD_FILE
 from dsagent.format.bundles.bundle import pack
 from dsagent.format.manifest import Manifest
 from tests.dsagent.api.test_pod_rights import POD, fake_proc, pod_cgroup, unix_client
@@ -415,5 +416,8 @@ def test_a_member_without_a_share_holds_nothing_and_reads_through_its_window(img
             assert time.monotonic() < deadline, again.text
             time.sleep(0.1)
         assert (again.json()["bundlesOwned"], again.json()["complete"]) == (0, True)
-        # ... and still counted after the restart: the placement's measure does not start over
+        # ... and still counted after the restart: the placement's measure does not start over,
+        # from the moment the share is held again, and in its record (a second restart keeps it)
         assert operator.get("/v1/inventory").json()["stripes"]["imgs"]["windowBytes"] == window
+    record = json.loads((agent.root / "stripes" / "imgs" / manifest.digest / HOLD_FILE).read_text())
+    assert record["windowBytes"] == window
