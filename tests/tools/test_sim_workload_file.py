@@ -14,9 +14,10 @@ import pytest
 from tools.sim import sweep
 from tools.sim.engine import ClusterParams, build_nodes
 from tools.sim.policies import PRODUCT_POLICY
+from tools.sim.rates import READ_MIX
 from tools.sim.results import GOALS
 from tools.sim.workload import WorkloadParams
-from tools.sim.workload_file import WorkloadError, datasets_total_bytes, load, total_gpus
+from tools.sim.workload_file import WorkloadError, WorkloadFile, datasets_total_bytes, load, total_gpus
 
 pytestmark = pytest.mark.slow
 
@@ -48,6 +49,33 @@ def test_every_shipped_workload_loads() -> None:
     for path in sorted(WORKLOADS.glob("*.json")):
         wf = load(path)
         assert datasets_total_bytes(wf) > 0, path
+
+
+@pytest.mark.parametrize(
+    ("edit", "mix"),
+    [
+        (lambda d: d, [(c.name, c.share, c.bytes_per_s) for c in READ_MIX]),
+        (lambda d: {**d, "gpu_read_bytes_per_s": 1e8}, []),
+        (
+            lambda d: {
+                **d,
+                "gpu_read_mix": [
+                    {"name": "a", "share": 0.25, "bytes_per_s": 1e6},
+                    {"name": "b", "share": 0.75, "bytes_per_s": 2e8},
+                ],
+            },
+            [("a", 0.25, 1e6), ("b", 0.75, 2e8)],
+        ),
+    ],
+)
+def test_a_copy_of_a_workload_file_reads_as_the_file_does(edit: Callable[[dict], dict], mix: list) -> None:
+    """A seeded or overridden copy (``{**wf.model_dump(), ...}``, as results.py, sweeps and
+    --seed build it) draws its jobs' read rates as the file does: a file that leaves the
+    per-GPU rate out keeps the read mix."""
+    wf = WorkloadFile.model_validate(edit(good()))
+    copy = WorkloadFile.model_validate({**wf.model_dump(), "seed": wf.seed + 1})
+    assert [tuple(m) for m in copy.cluster().gpu_read_mix] == [tuple(m) for m in wf.cluster().gpu_read_mix] == mix
+    assert copy.cluster().gpu_read_bw == wf.cluster().gpu_read_bw
 
 
 def test_node_counts_are_exact(tmp_path: Path) -> None:

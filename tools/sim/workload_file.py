@@ -171,8 +171,10 @@ class WorkloadFile(Strict):
         ClusterParams.fuse_factor, description="share of the rate a read through FUSE keeps"
     )
     local_read_bytes_per_s: Positive = Field(ClusterParams.disk_bw, description="one node's local NVMe read rate")
-    gpu_read_bytes_per_s: Positive = Field(
-        ClusterParams.gpu_read_bw, description="what one GPU reads while training (derives epochs)"
+    gpu_read_bytes_per_s: Positive | None = Field(
+        None,
+        description="what every GPU reads while training (derives epochs); left out: each job draws its rate "
+        "from gpu_read_mix",
     )
     gpu_read_mix: list[ReadMixEntry] | None = Field(
         None,
@@ -209,7 +211,7 @@ class WorkloadFile(Strict):
         at ``gpu_read_bytes_per_s``) where the file sets that rate alone; else the default mix."""
         if self.gpu_read_mix is not None:
             return tuple((m.name, m.share, m.bytes_per_s) for m in self.gpu_read_mix)
-        if "gpu_read_bytes_per_s" in self.model_fields_set:
+        if self.gpu_read_bytes_per_s is not None:
             return ()
         return tuple((c.name, c.share, c.bytes_per_s) for c in rates.READ_MIX)
 
@@ -230,7 +232,7 @@ class WorkloadFile(Strict):
             store_node_bw=self.store_read_bytes_per_s_per_node,
             fuse_factor=self.fuse_throughput_factor,
             disk_bw=self.local_read_bytes_per_s,
-            gpu_read_bw=self.gpu_read_bytes_per_s,
+            gpu_read_bw=self.gpu_read_bytes_per_s or ClusterParams.gpu_read_bw,
             gpu_read_mix=self.read_mix(),
             nic_bw=tuple(sorted(self.nic_bytes_per_s.items())),
             fluid_quota_bytes=self.fluid_quota_bytes,
