@@ -150,6 +150,24 @@ def _join_on(sim: Simulation, key: tuple[str, int], size: int, nodes: tuple[int,
     return group
 
 
+def test_a_whole_copy_fills_from_the_groups_owners_before_the_nodes_holding_it_whole() -> None:
+    # a 0.5 TB version is held whole by node 2 and striped over a group of nodes 0 and 1,
+    # which hold half their shares so far. Node 3 fetching it whole asks the members first,
+    # then the whole copy, as the agent does: the owners serve the quarter of the version
+    # they hold, node 2 only the rest, so its upload is not every new copy's only source
+    size, key = TB // 2, ("fit", 0)
+    sim = Simulation("ours+stripe+early", [], [Dataset("fit", size, (0.0,))], _params(4), seed=3)
+    for m in (0, 1):
+        sim.nodes[m].cache[key] = CacheEntry("fit", 0, size // 2, 0.0, ready=True, stripe=True)
+    sim.stripes[key] = Group(key, (0, 1), {0: size / 2, 1: size / 2}, holding={0, 1}, fill={0: 0.5, 1: 0.5})
+    _ready(sim, 2, key, size)
+    sim.nodes[3].cache[key] = CacheEntry("fit", 0, size, 0.0)
+    sim._fetch_version(sim.nodes[3], key, size, cached=True, waiter=None)
+    reads = {f.sources: f.total for f in sim.fetches if f.node.index == 3}
+    assert reads == {(0, 1): pytest.approx(size / 2), (2,): pytest.approx(size / 2)}
+    assert sim.storage_bytes == 0
+
+
 def test_a_jobs_full_nodes_join_without_a_share_and_nodes_with_room_own_in_their_place() -> None:
     # a 1.5 TB version is owned by node 0 alone; a two-node job starts on nodes 1 and 2,
     # whose 1 TB caches hold the last copies of other versions (no room for a share). As the

@@ -236,7 +236,8 @@ class Reads(StripeReads):
         peer-to-peer first, as the agent does for every fetch: a version another agent holds
         ready is read from it, not from storage (or from a peer still fetching it, bundle by
         bundle, as agents starting together do); its bundle requests are spread over every
-        peer that holds it. ``demand`` (``+early``: the product's storeOnDemand): where the
+        peer that holds it, and where a group holds bundles of it too, those from their
+        owners first. ``demand`` (``+early``: the product's storeOnDemand): where the
         version comes from the store, only that part of it, what the job's first epoch reads,
         is read and kept (the copy holds that part); peers fill what they hold."""
         source, after = "storage", None
@@ -273,6 +274,21 @@ class Reads(StripeReads):
                 stored = own if parted else self._from_parts(node, key, own, None)
                 after = self._new_fetch(node, key, stored, cached=cached, waiter=None, unpack=True, part=True)
             source, sources, size = "peer", tuple(m for m in team if m != node.index), size - own
+        elif seeds and (grouped := self._group_bytes(key, node))[0] > 1.0:
+            # held whole elsewhere and by a group: the agent asks the group's members first,
+            # then the nodes holding it whole (dsagent.cache.striped.stripefetch), so the
+            # owners serve the bytes they hold and the whole copies the rest
+            have, owners = grouped
+            owned = min(float(size), size * have / self.datasets[key[0]].size)
+            if size - owned <= 1.0:
+                source, sources = "peer", tuple(sorted({*owners, *seeds}))
+            else:
+                if waiter is not None:
+                    self.outcomes[waiter[0].id].pending += 1  # ready when both parts are in
+                self._new_fetch(
+                    node, key, owned, cached=False, waiter=waiter, source="peer", sources=owners, unpack=True
+                )
+                source, sources, size = "peer", seeds, math.ceil(size - owned)
         elif seeds:  # the nodes holding it ready (none without peers)
             source, sources = "peer", seeds
         elif self.params.peers and (
