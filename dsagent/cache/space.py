@@ -18,10 +18,11 @@ The rules that keep a version safe from eviction:
   counts as reserved, not also as held;
 - this node's shares of striped versions (:mod:`dsagent.cache.striped.stripes`, set as
   :attr:`Space.shares`) count against the capacity like versions, and a fetch that needs
-  room evicts them after the replicated copies and before the last copies
-  (docs/design-striping.md#eviction), but a share holding every bundle (a whole copy) ranks
-  as a whole copy, by the copies other nodes hold; a share being filled or read (by a
-  reader through the agent, or by pods on this node that name its Dataset) is not chosen;
+  room ranks each as a whole copy of its version here would, by the copies other nodes
+  hold (docs/design-striping.md#eviction): with the replicated copies where the cluster
+  holds the version elsewhere, else with the last copies, the least recently used first;
+  a share being filled or read (by a reader through the agent, or by pods on this node
+  that name its Dataset) is not chosen;
 - space is disk use, on the capacity side as on the disk side: a version counts its bytes
   plus its files' blocks and inodes (:meth:`Store.allocated`), so ``DSAGENT_CAPACITY``,
   ``usedBytes`` and what an eviction frees are all in those units.
@@ -204,8 +205,10 @@ class Space:
         in_use = await self.pools.db(self._catalog().in_use, self.clock()) | self.claims.held()
         fetching = self.flights.fetching() | set(self._pins)
         now = self.clock()
-        # a whole copy held as a share ranks by the other copies the cluster holds, as any
-        # whole copy does (the controller counts it as one); any other share by its class
+        # a share ranks by the copies the cluster holds of its version as a whole copy here
+        # would, the count less one: one holding every bundle is such a copy (the controller
+        # counts it), and any other goes with the replicated copies only where at least two
+        # other nodes hold the version whole (docs/design-striping.md#eviction)
         shares = [
             eviction.Candidate(
                 name,
@@ -216,7 +219,7 @@ class Space:
                 striped=True,
                 whole=whole,
                 kept=kept,
-                copies=(self.copies.others(name, digest, ready_here=True, now=now) if whole else None),
+                copies=self.copies.others(name, digest, ready_here=True, now=now),
             )
             for (name, digest), size, last_used, busy, whole, kept in (
                 self.shares.usage() if self.shares is not None else ()

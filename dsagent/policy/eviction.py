@@ -10,15 +10,15 @@ not, evict datasets that are neither in use nor being fetched and stop as soon a
 space reaches the target. When even evicting every candidate would not reach it, evict
 nothing and report the numbers.
 
-The order (docs/design.md#cluster-eviction, docs/design-striping.md#eviction): whole
-versions that other nodes also hold ready go first, most other copies first
-(``Candidate.copies``, from the cluster's inventories), then this node's shares of striped
-versions (``Candidate.striped``: losing one costs the group only its own bundles from the
-store), then the last copies; a share holding every bundle (``Candidate.whole``) is a whole
-copy and ranks as one; the least recently used first within each. So the cluster's
-last copy of a version (no other holder) is evicted only when the replicated ones and the
-shares together cannot free enough. Shares are evicted only to make room: they have leases
-of their own (the holder renews them), so the idle sweep and ``--all-unused`` leave them. A count that is not known
+The order (docs/design.md#cluster-eviction, docs/design-striping.md#eviction): copies
+whose version other nodes also hold ready go first, most other copies first
+(``Candidate.copies``, from the cluster's inventories; for this node's shares of striped
+versions, ``Candidate.striped``, the count as for a whole copy here); then the cluster's
+only copies of their bytes, last copies and shares alike, the least recently used first.
+So the cluster's last copy of a version (no other holder), or of a share's bundles, is
+evicted only when the replicated ones cannot free enough. Shares are evicted only to make
+room: they have leases of their own (the holder renews them), so the idle sweep and
+``--all-unused`` leave them. A count that is not known
 (``copies`` None: a standalone agent, or no fresh count from the cluster) ranks as no
 other copy, the safe side; with no counts at all the order is plain LRU, as before.
 """
@@ -46,7 +46,7 @@ class Candidate:
     fetching: bool = False
     copies: int | None = None  # other nodes holding this very version ready; None: unknown
     striped: bool = False  # this node's share of a striped version (docs/design-striping.md)
-    whole: bool = False  # a share holding every bundle: ranked as a whole copy, by ``copies``
+    whole: bool = False  # a share holding every bundle: a whole copy (the controller counts it as one)
     kept: bool = False  # a whole share no group holds any more (released ``keep=whole``): a copy like any
 
     @property
@@ -88,16 +88,19 @@ def lru_order(candidates: Iterable[Candidate]) -> list[Candidate]:
     return sorted(usable, key=lambda c: (c.last_used, -c.size_bytes, c.name, c.digest))
 
 
-#: eviction classes, evicted first to last
-REPLICATED, STRIPE_SHARE, LAST_COPY = 0, 1, 2
+#: eviction classes, evicted first to last: copies whose bytes other nodes also hold, then
+#: the cluster's only copies of their bytes
+REPLICATED, LAST_COPY = 0, 1
 
 
 def eviction_class(candidate: Candidate) -> int:
-    """Whole copies other nodes also hold, then stripe shares, then last copies (an
-    unknown count is the safe side: a last copy). A share holding every bundle is a whole
-    copy."""
-    if candidate.striped and not candidate.whole:
-        return STRIPE_SHARE
+    """Whether other nodes hold the candidate's bytes ready: :data:`REPLICATED` where they
+    hold its version (whole copies, and the shares of a version held whole elsewhere, whose
+    group fills again from those copies), else :data:`LAST_COPY` (an unknown count is the
+    safe side). A stripe share of a version no node holds whole is the only copy of its
+    bundles, as a last copy is of its version: evicting either has the store serve those
+    bytes again when they are next read (a share's readers, every epoch until its slot is
+    owned again), so one class holds both, the least recently used first."""
     return REPLICATED if candidate.other_copies else LAST_COPY
 
 
@@ -106,7 +109,12 @@ def eviction_order(candidates: Iterable[Candidate]) -> list[Candidate]:
     by :func:`eviction_class`; among replicated copies, most other ready copies in the
     cluster first; then least recently used (ties as :func:`lru_order`). Without counts
     and shares this is :func:`lru_order`."""
-    return sorted(lru_order(candidates), key=lambda c: (eviction_class(c), -c.other_copies))  # stable: LRU
+    return sorted(lru_order(candidates), key=_rank)  # stable: LRU within a rank
+
+
+def _rank(candidate: Candidate) -> tuple[int, int]:
+    cls = eviction_class(candidate)
+    return cls, -candidate.other_copies if cls == REPLICATED else 0
 
 
 def plan_for_fetch(candidates: Iterable[Candidate], *, size: int, free: int, ratio: float = EVICT_RATIO) -> Plan:
@@ -149,7 +157,6 @@ def unused_victims(candidates: Iterable[Candidate]) -> tuple[Candidate, ...]:
 __all__ = [
     "LAST_COPY",
     "REPLICATED",
-    "STRIPE_SHARE",
     "Candidate",
     "eviction_class",
     "Plan",

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, overload
 
 from dsagent.policy import eviction
-from dsagent.policy.eviction import EVICT_RATIO, LAST_COPY, REPLICATED, STRIPE_SHARE
+from dsagent.policy.eviction import EVICT_RATIO, LAST_COPY, REPLICATED
 
 
 @dataclass(frozen=True)
@@ -346,8 +346,8 @@ def _short(node: Candidate, need: int) -> bool:
 def eviction_class(*, striped: bool, other_copies: int | None) -> int:
     """Where a candidate stands in the eviction order (the rule is
     :func:`dsagent.policy.eviction.eviction_class`): whole copies that other nodes also hold
-    go first (:data:`REPLICATED`), then stripe shares (:data:`STRIPE_SHARE`), then last
-    copies (:data:`LAST_COPY`)."""
+    go first (:data:`REPLICATED`), then last copies and stripe shares, least recently used
+    first (:data:`LAST_COPY`)."""
     return eviction.eviction_class(eviction.Candidate("", "", 0, 0.0, copies=other_copies, striped=striped))
 
 
@@ -364,6 +364,6 @@ def eviction_order(candidates: Sequence[tuple[str, bool, int | None, float]]) ->
 
 
 __all__ = [
-    "Candidate", "Candidates", "Group", "LAST_COPY", "REPLICATED", "STRIPE_SHARE", "choose_group", "eviction_class",
+    "Candidate", "Candidates", "Group", "LAST_COPY", "REPLICATED", "choose_group", "eviction_class",
     "eviction_order",
 ]  # fmt: skip

@@ -73,14 +73,14 @@ def stripe_node() -> Simulation:
     return sim
 
 
-def test_a_group_policy_evicts_in_the_agents_order_shares_before_last_copies() -> None:
-    # 1.5 TB at the ratio needs two victims: the agent's order takes the share first (losing
-    # it costs its group only its own bundles), then the least recently used last copy,
-    # even though the share was read after both
+def test_a_group_policy_evicts_in_the_agents_order_shares_with_last_copies() -> None:
+    # 1.5 TB at the ratio needs two victims: the agent's order ranks the share with the
+    # last copies (each the only copy of its bytes), so the two least recently used go and
+    # the share, read after both, stays
     sim = stripe_node()
     node = sim.nodes[0]
     assert sim._make_room(node, int(1.5 * TB))
-    assert list(node.cache) == [("c", 0)]
+    assert list(node.cache) == [("s", 0)]
 
 
 def test_the_simulator_evicts_what_the_products_plan_names(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,7 +100,7 @@ def test_the_simulator_evicts_what_the_products_plan_names(monkeypatch: pytest.M
     assert sim._make_room(node, int(1.5 * TB))
     (plan,) = plans
     assert {(v.name, int(v.digest, 16)) for v in plan.victims} == before - set(node.cache)
-    assert [v.striped for v in plan.victims] == [True, False]
+    assert [v.striped for v in plan.victims] == [False, False]
 
 
 def test_a_replica_is_made_only_from_copies_other_nodes_hold() -> None:

@@ -174,15 +174,15 @@ def test_a_member_that_cannot_hold_its_share_again_hands_its_slot_to_a_node_that
     assert sim.storage_bytes - before == pytest.approx(share)
 
 
-def test_eviction_takes_replicated_copies_and_idle_shares_before_a_last_copy() -> None:
+def test_eviction_takes_idle_shares_and_last_copies_least_recently_used_first() -> None:
     sim = Simulation("ours+stripe", [], [], cluster(nodes=2), seed=3)
     node, other = sim.nodes
-    old = 10.0
-    for name, stripe_share in (("last", False), ("share", True)):
-        node.cache[(name, 0)] = CacheEntry(name, 0, 400 * GB, old, ready=True, stripe=stripe_share)
-        old += 1.0  # the last copy is the least recently used
-    assert sim._make_room(node, 300 * GB)
-    assert set(node.cache) == {("last", 0)}  # the idle share went, the last copy stayed
+    for first in ("last", "share"):
+        node.cache.clear()
+        for name, when in ((first, 10.0), ("share" if first == "last" else "last", 11.0)):
+            node.cache[(name, 0)] = CacheEntry(name, 0, 400 * GB, when, ready=True, stripe=name == "share")
+        assert sim._make_room(node, 300 * GB)
+        assert first not in {k[0] for k in node.cache} and len(node.cache) == 1  # the older one went
     plain = Simulation("ours", [], [], cluster(nodes=2), seed=3)
     n = plain.nodes[0]
     for name, when in (("last", 10.0), ("share", 11.0)):

@@ -124,16 +124,27 @@ def test_without_counts_the_plan_is_the_lru_plan(candidates: list[Candidate], si
     assert list(plan.victims) == lru[: len(plan.victims)]
 
 
-def test_stripe_shares_go_after_replicated_copies_and_before_last_copies() -> None:
-    """docs/design-striping.md#eviction: a share costs the group only its own bundles."""
+def test_stripe_shares_go_after_replicated_copies_and_with_last_copies_least_recently_used_first() -> None:
+    """docs/design-striping.md#eviction: a share is the only copy of its bundles, as a last
+    copy is of its version; whichever was used least recently goes first."""
     from dsagent.policy.eviction import idle_victims, unused_victims
 
     share = Candidate("big", D, 30, 9.0, striped=True)
     busy_share = Candidate("busier", D, 30, 0.0, striped=True, fetching=True)  # being filled or read
     candidates = [c("last", 30, 0, 0), share, c("shared", 30, 5, 1), busy_share]
-    assert [v.name for v in eviction_order(candidates)] == ["shared", "big", "last"]
-    assert [v.name for v in plan_for_fetch(candidates, size=40, free=0).victims] == ["shared", "big"]
+    assert [v.name for v in eviction_order(candidates)] == ["shared", "last", "big"]
+    assert [v.name for v in plan_for_fetch(candidates, size=40, free=0).victims] == ["shared", "last"]
     assert [v.name for v in plan_for_fetch(candidates, size=20, free=0).victims] == ["shared"]
+    # a share of a version other nodes hold whole is no only copy: it goes with those copies
+    held = Candidate("big", D, 30, 9.0, striped=True, copies=1)
+    assert [v.name for v in eviction_order([c("last", 30, 0, 0), held, c("shared", 30, 5, 2)])] == [
+        "shared", "big", "last",
+    ]  # fmt: skip
+    # a share used longer ago than the last copy goes before it
+    older = Candidate("big", D, 30, -1.0, striped=True)
+    assert [v.name for v in eviction_order([c("last", 30, 0, 0), older, c("shared", 30, 5, 1)])] == [
+        "shared", "big", "last",
+    ]  # fmt: skip
     # shares have leases of their own: neither the idle sweep nor --all-unused takes them
     assert share not in idle_victims(candidates, now=1e9, idle_ttl=1)
     assert share not in unused_victims(candidates)
@@ -149,7 +160,7 @@ def test_a_share_holding_every_bundle_ranks_as_a_whole_copy() -> None:
     another, with the last copies when it does not, and never while in use."""
     whole = Candidate("kept", D, 30, 1.0, striped=True, whole=True, copies=1)
     share = Candidate("big", D, 30, 9.0, striped=True)
-    assert [v.name for v in eviction_order([share, whole, c("last", 30, 0, 0)])] == ["kept", "big", "last"]
-    alone = Candidate("kept", D, 30, 1.0, striped=True, whole=True, copies=0)
-    assert [v.name for v in eviction_order([share, alone, c("last", 30, 2, 0)])] == ["big", "kept", "last"]
+    assert [v.name for v in eviction_order([share, whole, c("last", 30, 0, 0)])] == ["kept", "last", "big"]
+    alone = Candidate("kept", D, 30, 3.0, striped=True, whole=True, copies=0)
+    assert [v.name for v in eviction_order([share, alone, c("last", 30, 2, 0)])] == ["last", "kept", "big"]
     assert eviction_order([Candidate("kept", D, 30, 1.0, striped=True, whole=True, copies=3, fetching=True)]) == []

@@ -5,7 +5,8 @@ bundle store over loopback HTTP, the clock injected; docs/design-striping.md#evi
 - Pods on the node that name a Dataset the share is held for keep it in use: not chosen
   by an eviction, and its age counts from when they end.
 - A share holding every bundle ranks as a whole copy: with another copy in the cluster it
-  goes before another group's share, as the last copy it goes after it.
+  goes before another group's share, as the last copy it ranks with it by last use. A
+  share of a version two other nodes hold whole goes with the replicated copies.
 - A whole copy kept after its group let it go has no lease: the idle sweep removes it once
   it is unused past the idle bound, as any copy; a share a group holds is its lease's.
 - A whole copy let go before it was complete keeps the bundles it holds, across a restart,
@@ -132,7 +133,7 @@ def test_a_whole_share_ranks_as_a_whole_copy_by_the_clusters_other_copies(
         async with _service(settings, clock) as service:
             digest = await _held(service, url, "imgs", whole=True)
             clock.now += 10
-            await _held(service, url, "other", whole=False)  # another group's share, used later
+            other = await _held(service, url, "other", whole=False)  # another group's share, used later
             space = service._space
 
             async def order(copies: dict[tuple[str, str], int]) -> list[str]:
@@ -141,8 +142,14 @@ def test_a_whole_share_ranks_as_a_whole_copy_by_the_clusters_other_copies(
 
             # another node holds imgs whole too: its copy goes first, before the share of "other"
             assert await order({("imgs", digest): 2}) == ["imgs", "other"]
-            # this node's is the cluster's only copy: it goes after the share, as a last copy
-            assert await order({("imgs", digest): 1}) == ["other", "imgs"]
+            # this node's is the cluster's only copy: it ranks with the share, as a last copy,
+            # and was used earlier
+            assert await order({("imgs", digest): 1}) == ["imgs", "other"]
+            # other nodes hold the share's version whole: it ranks as a whole copy here would
+            # (the count less one), so one other copy keeps it with the last copies, two put
+            # it with the replicated copies, before them
+            assert await order({("imgs", digest): 1, ("other", other): 1}) == ["imgs", "other"]
+            assert await order({("imgs", digest): 1, ("other", other): 2}) == ["other", "imgs"]
             service.stripes.read_by({HELD_FOR})  # read from local disk by a pod: never chosen
             assert await order({("imgs", digest): 2}) == ["other"]
 

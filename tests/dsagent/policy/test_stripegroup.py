@@ -8,7 +8,6 @@ from typing import Any
 from dsagent.policy.stripegroup import (
     LAST_COPY,
     REPLICATED,
-    STRIPE_SHARE,
     Candidate,
     choose_group,
     eviction_class,
@@ -93,15 +92,16 @@ def test_another_subnet_fills_in_only_when_the_first_has_too_few() -> None:
     assert _members(nodes, size_bytes=TB, job_nodes=["a"], members=3) == ["a", "c", "b"]
 
 
-def test_eviction_gives_back_replicated_copies_then_stripe_shares_then_last_copies() -> None:
+def test_eviction_gives_back_replicated_copies_then_shares_and_last_copies_least_recently_used_first() -> None:
     assert eviction_class(striped=False, other_copies=2) == REPLICATED
-    assert eviction_class(striped=True, other_copies=None) == STRIPE_SHARE
+    assert eviction_class(striped=True, other_copies=None) == LAST_COPY  # the only copy of its bundles
+    assert eviction_class(striped=True, other_copies=1) == REPLICATED  # its version is held whole elsewhere
     assert eviction_class(striped=False, other_copies=0) == LAST_COPY
     assert eviction_class(striped=False, other_copies=None) == LAST_COPY  # unknown: the safe side
     order = eviction_order(
         [("last", False, 0, 1.0), ("share-c", True, None, 5.0), ("rep", False, 3, 9.0), ("share-b", True, 1, 2.0)]
     )
-    assert order == ["rep", "share-b", "share-c", "last"]
+    assert order == ["rep", "share-b", "last", "share-c"]
 
 
 def _job_node_without_room() -> list[Candidate]:
