@@ -345,9 +345,9 @@ def _short(node: Candidate, need: int) -> bool:
 
 def eviction_class(*, striped: bool, other_copies: int | None) -> int:
     """Where a candidate stands in the eviction order (the rule is
-    :func:`dsagent.policy.eviction.eviction_class`): whole copies that other nodes also hold
-    go first (:data:`REPLICATED`), then last copies and stripe shares, least recently used
-    first (:data:`LAST_COPY`)."""
+    :func:`dsagent.policy.eviction.eviction_class`): copies of a version other nodes also
+    hold go first (:data:`REPLICATED`), then the only copies of their bytes, last copies and
+    stripe shares alike, least recently used first (:data:`LAST_COPY`)."""
     return eviction.eviction_class(eviction.Candidate("", "", 0, 0.0, copies=other_copies, striped=striped))
 
 

@@ -357,9 +357,9 @@ class Reads(StripeReads):
         """Room for ``size`` bytes by the agent's eviction policy, the product's
         :func:`~dsagent.policy.eviction.plan_for_fetch` over the node's copies as its agent
         sees them: with a group policy (``ours+stripe``) each share marked ``striped`` (no idle
-        sweep takes it), and the product's order evicts versions other nodes also hold ready first (most other copies
-        first), then the only copies of their bytes, the least recently used first (a share
-        ranked as a whole copy of its version here would). A
+        sweep takes it), and the product's order evicts versions other nodes also hold ready
+        first (most other copies first), then the only copies of their bytes, the least
+        recently used first (a share ranked as a whole copy of its version here would). A
         ``replica`` (a copy the controller places where the room comes without a last copy:
         a whole copy of a version the cluster holds, a share given to a node with room) is
         made only from the first class, as the controller's room check (the inventory's
