@@ -109,12 +109,7 @@ def eviction_order(candidates: Iterable[Candidate]) -> list[Candidate]:
     by :func:`eviction_class`; among replicated copies, most other ready copies in the
     cluster first; then least recently used (ties as :func:`lru_order`). Without counts
     and shares this is :func:`lru_order`."""
-    return sorted(lru_order(candidates), key=_rank)  # stable: LRU within a rank
-
-
-def _rank(candidate: Candidate) -> tuple[int, int]:
-    cls = eviction_class(candidate)
-    return cls, -candidate.other_copies if cls == REPLICATED else 0
+    return sorted(lru_order(candidates), key=lambda c: (eviction_class(c), -c.other_copies))  # stable: LRU
 
 
 def plan_for_fetch(candidates: Iterable[Candidate], *, size: int, free: int, ratio: float = EVICT_RATIO) -> Plan:
