@@ -318,11 +318,47 @@ def _choose(
                 break
             if node.cache_bytes - node.in_use_bytes >= need:
                 take(node.name)
+    if not shareless and not full():
+        # fewer still: more owners, each a smaller share, where that many have the room now,
+        # or where the owners found would each be asked for more than a member's cache
+        # (refused for good, read from the store every epoch)
+        need_bytes = ratio * max(0, size_bytes)
+        chosen.extend(_more_owners(nodes, chosen, need_bytes, owners, anyway=_too_big(nodes, chosen, need_bytes)))
     # the earlier members first, in their earlier order: the order is part of the group (a
     # rank's buckets are homed by position, dsplatform.stripe.bucket_of), and an agent takes a
     # reordered list for a new group; shares filling must not reorder it
     ordered = [n for n in before if n in chosen] + [n for n in chosen if n not in before]
     return Group(ordered, [n for n in ordered if n in shareless])
+
+
+def _too_big(nodes: Candidates, chosen: Sequence[str], need_bytes: float) -> bool:
+    """Whether a share of ``need_bytes`` over the ``chosen`` owners is larger than the cache
+    of one of them (a cache of unknown size is not counted)."""
+    caches = [c for c in (nodes.by_name[n].cache_bytes for n in chosen) if c > 0]
+    return bool(chosen) and bool(caches) and need_bytes / len(chosen) > min(caches)
+
+
+def _more_owners(
+    nodes: Candidates, chosen: Sequence[str], need_bytes: float, owners: int, *, anyway: bool
+) -> list[str]:
+    """The nodes that join the ``chosen`` owners where too few could be found: the fewest
+    nodes, the most room beside their pods' data (``cache_bytes - in_use_bytes``) first, such
+    that each one added has room for a share of ``need_bytes`` over all the owners. Where no
+    number of them has, none; or, ``anyway`` (each owner found would be asked for more than a
+    member's whole cache), as many as make ``owners`` (the rule's count, whose shares fit
+    half a cache), the most such room first: such a share is refused only while its node's
+    pods fill that cache, and the controller hands its bundles on to a node with room
+    meanwhile, where a share larger than every cache could never be held
+    (docs/design-striping.md#group)."""
+    taken = set(chosen)
+    spare = sorted(
+        ((n.cache_bytes - n.in_use_bytes, n.name) for n in nodes if n.name not in taken), key=lambda x: (-x[0], x[1])
+    )
+    have = len(chosen)
+    for extra in range(max(1, owners - have), len(spare) + 1):
+        if spare[extra - 1][0] >= need_bytes / (have + extra):
+            return [name for _, name in spare[:extra]]
+    return [name for _, name in spare[: max(0, owners - have)]] if anyway else []
 
 
 def _roomy(nodes: Candidates, need: int) -> Iterator[Candidate]:

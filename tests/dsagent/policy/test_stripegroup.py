@@ -191,3 +191,34 @@ def test_where_too_few_have_room_without_a_last_copy_nodes_whose_cache_can_hold_
     spared = [replace(n, spare_bytes=10, free_bytes=10) if n.name == "a" else n for n in nodes]
     group = choose_group(spared, size_bytes=6 * TB, job_nodes=["a"], members=4)
     assert group.no_share == [] and group.members[0] == "a" and len(group.members) == 4
+
+
+def test_where_too_few_can_own_and_their_shares_would_not_fit_a_cache_more_own_smaller_shares() -> None:
+    # an 8 TB version wants 39 owners on 500 GB caches (1.2 x 8 TB / (0.5 x 500 GB)), each
+    # with 246 GB of room; the job's two nodes and most others hold their pods' data, and only
+    # four others have that room. Six owners would each be asked for 1.6 TB, which no cache
+    # can hold: refused for good, every epoch read from the store. More nodes own, as few as
+    # have room beside their pods' data for a share each, the most room first
+    gb = 10**9
+    room = [50, 50, *([250] * 4), *([200] * 50), *([20] * 8)]
+    busy = [
+        Candidate(f"n{i:02}", free_bytes=0, spare_bytes=0, cache_bytes=500 * gb, in_use_bytes=(500 - r) * gb)
+        for i, r in enumerate(room)
+    ]
+    group = choose_group(busy, size_bytes=8 * TB, job_nodes=["n00", "n01"], members=39)
+    assert group.no_share == [] and group.members[:6] == ["n00", "n01", "n02", "n03", "n04", "n05"]
+    # 9.6 TB over 48 owners is 200 GB each, what the 42 nodes added have beside their pods' data
+    assert len(group.members) == 48 and all(room[int(n[1:])] == 200 for n in group.members[6:])
+    # where no number of nodes has the room now, the rule's count owns, the most room first:
+    # shares that fit a cache, refused only while their nodes' pods fill it
+    full = [replace(n, in_use_bytes=490 * gb) if n.name not in ("n00", "n01") else n for n in busy]
+    group = choose_group(full, size_bytes=8 * TB, job_nodes=["n00", "n01"], members=39)
+    assert len(group.members) == 39 and group.no_share == []
+    # where shares would fit the caches but more nodes have room now for smaller ones, those
+    # own too: 1.8 TB over 9 owners is 200 GB each (the rule's 8 would ask 225 GB)
+    group = choose_group(busy, size_bytes=1500 * gb, job_nodes=["n00", "n01"], members=8)
+    assert len(group.members) == 9 and all(room[int(n[1:])] == 200 for n in group.members[6:])
+    # where no number of nodes has the room now and the shares fit a cache, the owners found
+    # stay, however busy they are now
+    few = [n for n in busy if room[int(n.name[1:])] in (50, 20)]
+    assert choose_group(few, size_bytes=600 * gb, job_nodes=["n00", "n01"], members=4).members == ["n00", "n01"]
