@@ -188,7 +188,7 @@ def choose_placement(
         )
     group = choose_group(
         nodes, size_bytes=size_bytes, job_nodes=job, before=before, no_share_before=no_share_before,
-        members=members, ratio=ratio,
+        members=members, ratio=ratio, fixed=not spread_shareless,
     )  # fmt: skip
     if spread_shareless and members < WINDOW_MEMBERS and not set(group.no_share).isdisjoint(job):
         # a job's node that joins without a share reads every byte through the window,

@@ -217,13 +217,15 @@ def choose_group(
     no_share_before: Sequence[str] = (),
     members: int,
     ratio: float = EVICT_RATIO,
+    fixed: bool = False,
 ) -> Group:
     """The group's members, in order (fewer when fewer qualify; none for no nodes), and
     which of them own no bundle.
 
     ``members``: how many (:func:`dsagent.policy.holding.members_wanted`, or a Dataset's
-    fixed count); a group has at least as many members as ``job_nodes`` among ``nodes``
-    (each is one). A node of the
+    ``fixed`` count); a group has at least as many members as ``job_nodes`` among ``nodes``
+    (each is one). Where fewer than ``members`` can own, more than ``members`` may, each a
+    smaller share (:func:`_more_owners`), unless the count is ``fixed``. A node of the
     job or of ``before`` is taken without a room check (its share is the point of the group,
     or is there already); any other needs ``ratio x size / k`` bytes of room (``spare_bytes``
     where known, else free bytes). A node of the job
@@ -243,11 +245,13 @@ def choose_group(
     seen = Candidates.of(nodes)
     by_name = seen.by_name
     job = [n for n in dict.fromkeys(job_nodes) if n in by_name]
-    group = _choose(seen, job, before, no_share_before, members, size_bytes, ratio, without_share=True)
+    group = _choose(seen, job, before, no_share_before, members, size_bytes, ratio, without_share=True, fixed=fixed)
     if group is not None and group.no_share and not all(by_name[m].takes_no_share for m in group.members):
         group = None  # a member's agent is of an earlier release (an upgrade rolling): all own
     if group is None:  # too few other nodes have room to own in their place
-        group = _choose(seen, job, before, no_share_before, members, size_bytes, ratio, without_share=False)
+        group = _choose(
+            seen, job, before, no_share_before, members, size_bytes, ratio, without_share=False, fixed=fixed
+        )
     assert group is not None
     return group
 
@@ -262,6 +266,7 @@ def _choose(
     ratio: float,
     *,
     without_share: bool,
+    fixed: bool,
 ) -> Group | None:
     """:func:`choose_group`'s choice for ``members`` wanted; None when some of the job's nodes
     would join without a share (``without_share``) but too few others can own instead."""
@@ -318,7 +323,7 @@ def _choose(
                 break
             if node.cache_bytes - node.in_use_bytes >= need:
                 take(node.name)
-    if not shareless and not full():
+    if not shareless and not full() and not fixed:
         # fewer still: more owners, each a smaller share, where that many have the room now,
         # or where the owners found would each be asked for more than a member's cache
         # (refused for good, read from the store every epoch)

@@ -248,3 +248,18 @@ def test_a_choice_over_the_passs_blank_candidates_changed_per_version_is_the_cho
         assert choose_placement(view, **asked) == choose_placement(plain, **asked), case
         group = {k: v for k, v in asked.items() if k != "share_before"} | {"members": asked["members"] or 2}
         assert choose_group(view, **group) == choose_group(plain, **group), case
+
+
+def test_a_datasets_own_member_count_stands_where_the_rule_would_spread_a_busy_cluster_wider() -> None:
+    # an 8 TB version on 500 GB caches that their pods mostly fill: the size rule's group
+    # grows until each owner has room for its share beside its pods' data (200 GB each over
+    # 48), where a Dataset that asks for 40 members gets the job's two and the four with room
+    # for a fortieth (240 GB), no more than it asked for
+    gb = 10**9
+    room = [50, 50, *([250] * 4), *([200] * 50)]
+    busy = [
+        Candidate(f"n{i:02}", free_bytes=0, spare_bytes=0, cache_bytes=500 * gb, in_use_bytes=(500 - r) * gb)
+        for i, r in enumerate(room)
+    ]
+    assert len(choose_placement(busy, size_bytes=8 * TB, job_nodes=["n00", "n01"]).members) == 48
+    assert len(choose_placement(busy, size_bytes=8 * TB, job_nodes=["n00", "n01"], members=40).members) == 6

@@ -209,6 +209,9 @@ def test_where_too_few_can_own_and_their_shares_would_not_fit_a_cache_more_own_s
     assert group.no_share == [] and group.members[:6] == ["n00", "n01", "n02", "n03", "n04", "n05"]
     # 9.6 TB over 48 owners is 200 GB each, what the 42 nodes added have beside their pods' data
     assert len(group.members) == 48 and all(room[int(n[1:])] == 200 for n in group.members[6:])
+    # a Dataset's own count stands: no more owners than it asks for, whatever their shares
+    fixed = choose_group(busy, size_bytes=8 * TB, job_nodes=["n00", "n01"], members=39, fixed=True)
+    assert fixed.members == ["n00", "n01", "n02", "n03", "n04", "n05"]
     # where no number of nodes has the room now, the rule's count owns, the most room first:
     # shares that fit a cache, refused only while their nodes' pods fill it
     full = [replace(n, in_use_bytes=490 * gb) if n.name not in ("n00", "n01") else n for n in busy]
