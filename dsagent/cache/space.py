@@ -51,8 +51,8 @@ log = logging.getLogger("dsagent")
 class Shares(Protocol):
     """What the space reads of this node's stripe shares (:class:`dsagent.cache.striped.stripes.StripeShares`)."""
 
-    # key, bytes, last used, busy, whole, kept (a whole copy with no lease)
-    def usage(self) -> Sequence[tuple[Key, int, float, bool, bool, bool]]: ...
+    # key, bytes, last used, busy, kept (a whole copy with no lease)
+    def usage(self) -> Sequence[tuple[Key, int, float, bool, bool]]: ...
 
     def total_bytes(self) -> int: ...
 
@@ -217,13 +217,10 @@ class Space:
                 last_used,
                 fetching=busy,
                 striped=True,
-                whole=whole,
                 kept=kept,
                 copies=self.copies.others(name, digest, ready_here=True, now=now),
             )
-            for (name, digest), size, last_used, busy, whole, kept in (
-                self.shares.usage() if self.shares is not None else ()
-            )
+            for (name, digest), size, last_used, busy, kept in (self.shares.usage() if self.shares is not None else ())
         ]
         return shares + [
             eviction.Candidate(

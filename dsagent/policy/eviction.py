@@ -46,7 +46,6 @@ class Candidate:
     fetching: bool = False
     copies: int | None = None  # other nodes holding this very version ready; None: unknown
     striped: bool = False  # this node's share of a striped version (docs/design-striping.md)
-    whole: bool = False  # a share holding every bundle: a whole copy (the controller counts it as one)
     kept: bool = False  # a whole share no group holds any more (released ``keep=whole``): a copy like any
 
     @property

@@ -80,7 +80,6 @@ class ShareUsage(NamedTuple):
     size_bytes: int
     last_used: float
     busy: bool
-    whole: bool  # every bundle on disk: ranked for eviction as a whole copy
     kept: bool = False  # a whole copy no group holds (released keep=whole): no lease, idle like any copy
 
 
@@ -299,7 +298,7 @@ class StripeShares(ShareRecords, ShareFill):
         while pods on this node read it), whether it is busy (bundles on their way into it,
         streamed to a reader now, or pods on this node reading it; a share held
         ``storeOnDemand`` between two passes of its fill is not), and whether it is a whole
-        copy with every bundle on disk."""
+        copy no group holds any more (kept: no lease, idle like any copy)."""
         window = self.window.bytes_by_version()
         now = self.clock()
         out = []
@@ -307,8 +306,7 @@ class StripeShares(ShareRecords, ShareFill):
             read = not share.holders.isdisjoint(self.reading or ())  # read_by stores the use once they end
             busy = share.readers > 0 or share.fetching or read
             out.append(ShareUsage(key, share.disk_bytes(self.disk) + window.get(key, 0),
-                                  now if read else share.last_used, busy, share.complete_whole,
-                                  math.isinf(share.expires)))  # fmt: skip
+                                  now if read else share.last_used, busy, math.isinf(share.expires)))  # fmt: skip
         return out
 
     def read_by(self, datasets: Collection[Holder]) -> None:

@@ -149,7 +149,7 @@ def test_stripe_shares_go_after_replicated_copies_and_with_last_copies_least_rec
     assert share not in idle_victims(candidates, now=1e9, idle_ttl=1)
     assert share not in unused_victims(candidates)
     # a whole copy kept with no lease after its group let it go is a copy like any
-    kept = Candidate("kept", D, 30, 9.0, striped=True, whole=True, kept=True)
+    kept = Candidate("kept", D, 30, 9.0, striped=True, kept=True)
     assert kept in idle_victims([*candidates, kept], now=1e9, idle_ttl=1)
     assert kept in unused_victims([*candidates, kept])
     assert kept not in idle_victims([*candidates, kept], now=10.0, idle_ttl=5)  # used 1 s ago
@@ -158,9 +158,9 @@ def test_stripe_shares_go_after_replicated_copies_and_with_last_copies_least_rec
 def test_a_share_holding_every_bundle_ranks_as_a_whole_copy() -> None:
     """A whole copy kept as a share goes with the replicated copies when the cluster holds
     another, with the last copies when it does not, and never while in use."""
-    whole = Candidate("kept", D, 30, 1.0, striped=True, whole=True, copies=1)
+    whole = Candidate("kept", D, 30, 1.0, striped=True, copies=1)
     share = Candidate("big", D, 30, 9.0, striped=True)
     assert [v.name for v in eviction_order([share, whole, c("last", 30, 0, 0)])] == ["kept", "last", "big"]
-    alone = Candidate("kept", D, 30, 3.0, striped=True, whole=True, copies=0)
+    alone = Candidate("kept", D, 30, 3.0, striped=True, copies=0)
     assert [v.name for v in eviction_order([share, alone, c("last", 30, 2, 0)])] == ["last", "kept", "big"]
-    assert eviction_order([Candidate("kept", D, 30, 1.0, striped=True, whole=True, copies=3, fetching=True)]) == []
+    assert eviction_order([Candidate("kept", D, 30, 1.0, striped=True, copies=3, fetching=True)]) == []
