@@ -1,12 +1,12 @@
-"""Which nodes form a striped version's group, and in which order a node gives space back:
-pure functions (docs/design-striping.md#group, docs/design-striping.md#eviction).
+"""Which nodes form a striped version's group: pure functions (docs/design-striping.md#group).
 
 Who calls it: the Dataset controller, for a Dataset whose version does not fit one node (or
 that asks for striping): it gathers the nodes and their inventories, asks :func:`choose_group`
 for the members, records them in the Dataset status (``status.stripe.nodes``) and holds each
 member's share with a leased ``PUT /v1/stripes/<name>`` it renews each pass, as replicas
-are held with renewed tasks (docs/design.md#replication). A node's agent orders its eviction candidates with
-:func:`eviction_class`. Nothing here reads the clock or the cluster.
+are held with renewed tasks (docs/design.md#replication). In which order a node's agent gives
+a share's space back is the eviction rule's (:func:`dsagent.policy.eviction.eviction_class`,
+docs/design-striping.md#eviction). Nothing here reads the clock or the cluster.
 
 The group: ``members`` nodes, as many as :func:`dsagent.policy.holding.members_wanted`
 gives (the job's nodes, or as many as the version needs with the headroom and the
@@ -40,8 +40,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, overload
 
-from dsagent.policy import eviction
-from dsagent.policy.eviction import EVICT_RATIO, LAST_COPY, REPLICATED
+from dsagent.policy.eviction import EVICT_RATIO
 
 
 @dataclass(frozen=True)
@@ -384,27 +383,4 @@ def _short(node: Candidate, need: int) -> bool:
     return node.spare_bytes is not None and node.spare_bytes < need
 
 
-def eviction_class(*, striped: bool, other_copies: int | None) -> int:
-    """Where a candidate stands in the eviction order (the rule is
-    :func:`dsagent.policy.eviction.eviction_class`): copies of a version other nodes also
-    hold go first (:data:`REPLICATED`), then the only copies of their bytes, last copies and
-    stripe shares alike, least recently used first (:data:`LAST_COPY`)."""
-    return eviction.eviction_class(eviction.Candidate("", "", 0, 0.0, copies=other_copies, striped=striped))
-
-
-def eviction_order(candidates: Sequence[tuple[str, bool, int | None, float]]) -> list[str]:
-    """Names of ``(name, striped, other_copies, last_used)`` candidates in eviction order
-    (:func:`dsagent.policy.eviction.eviction_order`)."""
-    return [
-        c.name
-        for c in eviction.eviction_order(
-            eviction.Candidate(name, "", 0, last_used, copies=copies, striped=striped)
-            for name, striped, copies, last_used in candidates
-        )
-    ]
-
-
-__all__ = [
-    "Candidate", "Candidates", "Group", "LAST_COPY", "REPLICATED", "choose_group", "eviction_class",
-    "eviction_order",
-]  # fmt: skip
+__all__ = ["Candidate", "Candidates", "Group", "choose_group"]

@@ -5,14 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from dsagent.policy.stripegroup import (
-    LAST_COPY,
-    REPLICATED,
-    Candidate,
-    choose_group,
-    eviction_class,
-    eviction_order,
-)
+from dsagent.policy import eviction
+from dsagent.policy.eviction import LAST_COPY, REPLICATED
+from dsagent.policy.stripegroup import Candidate, choose_group
 
 TB = 10**12
 
@@ -90,6 +85,21 @@ def test_another_subnet_fills_in_only_when_the_first_has_too_few() -> None:
     ]
     assert _members(nodes, size_bytes=TB, job_nodes=["a"], members=2) == ["a", "c"]
     assert _members(nodes, size_bytes=TB, job_nodes=["a"], members=3) == ["a", "c", "b"]
+
+
+def eviction_class(*, striped: bool, other_copies: int | None) -> int:
+    return eviction.eviction_class(eviction.Candidate("", "", 0, 0.0, copies=other_copies, striped=striped))
+
+
+def eviction_order(candidates: list[tuple[str, bool, int | None, float]]) -> list[str]:
+    """Names of ``(name, striped, other_copies, last_used)`` candidates in the agent's order."""
+    return [
+        c.name
+        for c in eviction.eviction_order(
+            eviction.Candidate(name, "", 0, last_used, copies=copies, striped=striped)
+            for name, striped, copies, last_used in candidates
+        )
+    ]
 
 
 def test_eviction_gives_back_replicated_copies_then_shares_and_last_copies_least_recently_used_first() -> None:
