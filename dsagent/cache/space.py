@@ -36,7 +36,7 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from dsagent.cache.catalog import VersionRow
 from dsagent.cache.layout import Key, validate_name
@@ -46,6 +46,11 @@ from dsagent.policy import eviction
 from dsplatform.units import format_size
 
 log = logging.getLogger("dsagent")
+
+
+#: How :meth:`Space.make_room` makes room: evicting, only from free room, or saying whether
+#: evicting could
+RoomHow = Literal["evict", "free", "possible"]
 
 
 class Shares(Protocol):
@@ -98,14 +103,28 @@ class Space:
             self.reservations[key] = size
             self._overheads[key] = overhead
 
-    async def make_room(self, key: Key, size: int) -> None:
+    async def make_room(self, key: Key, size: int, *, how: RoomHow = "evict") -> None:
         """Evict LRU unused data until ``size`` more bytes fit at the ratio, for this
         node's share ``key`` of a striped version about to be filled (never that share
         itself). The room stays taken while the share fills: what it still misses counts
         as reserved (:attr:`shares`' ``pending_bytes``), what it holds as used
-        (``total_bytes``)."""
+        (``total_bytes``). ``how``: ``"free"``, only where ``size`` bytes are free already
+        (a bundle asked of the peers, who may not have it, is no reason to evict);
+        ``"possible"``, evict nothing, only say whether evicting could make the room (a
+        share that takes its room as its bundles arrive). Else :class:`InsufficientSpace`."""
         async with self.lock:
-            await self._evict_for(key, size, keep=key)
+            if how == "evict":
+                await self._evict_for(key, size, keep=key)
+                return
+            free = await self.free_bytes(exclude=key)
+            if how == "free":
+                if free < size:
+                    raise InsufficientSpace(f"{size} bytes for {key[0]}'s share are not free ({free} are)")
+                return
+            candidates = [c for c in await self.candidates() if (c.name, c.digest) != key]
+            plan = eviction.plan_for_fetch(candidates, size=size, free=free, ratio=self.settings.evict_ratio)
+            if not plan.sufficient:
+                raise _insufficient(key[0], size, plan)
 
     async def _evict_for(
         self, key: Key, size: int, *, overhead: int = 0, staged: int = 0, keep: Key | None = None

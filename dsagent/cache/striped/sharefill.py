@@ -14,7 +14,9 @@ Who calls it: :class:`dsagent.cache.striped.stripes.StripeShares`, which mixes i
   again every ``stripe_on_demand_retry`` seconds until it is complete; the store is read
   only for a bundle a reader waits for (this node's reader, a peer's asking with the
   marker of :mod:`dsplatform.wire.peerbundle`, or the first ``readyAfter`` bundles its pods
-  wait for), so that a version is read from the store as far as it is read;
+  wait for), so that a version is read from the store as far as it is read; and it takes
+  the cache's room as its bundles arrive (:meth:`Share.reserved`), evicting only for a
+  bundle that may read the store, so that it holds the room as far as it is read;
 - where a bundle comes from (:meth:`ShareFill._fetch_owned`): an owned bundle from the
   members ranked next by HRW, the copies, the store, claimed meanwhile; a whole copy's
   bundle owned elsewhere from its owner first, never claimed (an owner and a whole copy
@@ -33,11 +35,13 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from dsagent.cache.layout import Key
 from dsagent.cache.peers import PeerFetcher
 from dsagent.cache.pools import Pools
 from dsagent.cache.settings import Settings
+from dsagent.cache.space import RoomHow
 from dsagent.cache.striped.stripefetch import BundleSources
 from dsagent.cache.striped.stripereaders import Holder
 from dsagent.errors import DsagentError, InsufficientSpace
@@ -63,6 +67,12 @@ def on_demand_wait(retry: float, idle: int) -> float:
 
 
 PREVIOUS_OWNERS = 2  # members asked for an owned bundle before the store (the next in HRW order)
+
+
+class MakeRoom(Protocol):
+    """The cache's room for a share's bundles (:meth:`dsagent.cache.space.Space.make_room`)."""
+
+    def __call__(self, key: Key, size: int, *, how: RoomHow = "evict") -> Awaitable[None]: ...
 
 
 @dataclass
@@ -104,6 +114,22 @@ class Share:
         return (self.layout.name, self.layout.digest)
 
     @property
+    def takes_room_as_read(self) -> bool:
+        """A share held ``storeOnDemand`` takes its room bundle by bundle as they arrive, as
+        a version is read from the store as far as it is read: reserving every bundle at
+        once would evict data the cluster reads again for bundles nobody may read."""
+        return self.on_demand and not self.whole
+
+    def reserved(self) -> list[StripeBundle]:
+        """The bundles it misses whose room is taken: all of them, or, taking its room as
+        read, those its pods wait for (the first ``ready_after``) and those being fetched."""
+        if not self.takes_room_as_read:
+            return [b for b in self.owned if b.digest not in self.held]
+        waited = {b.digest for b in self.owned[: self.ready_after]}
+        coming = waited | set(self.inflight)
+        return [b for b in self.owned if b.digest not in self.held and b.digest in coming]
+
+    @property
     def complete_whole(self) -> bool:
         """A whole copy with every bundle on disk: the eviction ranks it as a whole copy."""
         return self.whole and all(b.digest in self.held for b in self.layout.bundles)
@@ -138,7 +164,7 @@ class ShareFill:
     peers: PeerFetcher
     disk: Callable[[int, int], int]
     capacity: Callable[[], Awaitable[int]] | None
-    make_room: Callable[[Key, int], Awaitable[None]]
+    make_room: MakeRoom
     _shares: dict[Key, Share]
 
     def share_dir(self, key: Key) -> Path:
@@ -226,8 +252,16 @@ class ShareFill:
         arrived; ``store``: the store may be read for it; ``reader``: a reader waits."""
         ref = bundle_of(share.manifest, digest)
         assert ref is not None  # a bundle of the share's layout: its manifest's
-        copies = await self.sources.copies(*share.key)
         try:
+            if share.takes_room_as_read:  # its room now: this bundle's and the others' arriving
+                try:  # evicting only for a fetch that may read the store (a reader waits for it)
+                    size = sum(self.disk(b.size, b.count) for b in share.reserved())
+                    await self.make_room(share.key, size, how="evict" if store else "free")
+                except InsufficientSpace:
+                    if reader:
+                        raise  # the reader takes it through the window
+                    return  # missing: a reader asks for it again
+            copies = await self.sources.copies(*share.key)
             if await self.pools.work(self._fetch_owned, share, ref, copies, store=store, reader=reader):
                 share.held.add(digest)
         finally:
@@ -327,4 +361,4 @@ def write_marker(path: Path) -> None:
     durable.fsync_dir(path.parent)
 
 
-__all__ = ["PREVIOUS_OWNERS", "Share", "ShareFill", "bundle_of", "write_marker"]
+__all__ = ["PREVIOUS_OWNERS", "MakeRoom", "Share", "ShareFill", "bundle_of", "write_marker"]

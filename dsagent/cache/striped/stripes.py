@@ -15,7 +15,8 @@ What it owns, under ``<root>/stripes/<name>/<digest>/``:
   every file verified by digest, published
   whole), after the cache made room for them as for a fetch
   (:meth:`dsagent.cache.space.Space.make_room`: 1.2x, LRU, never the share itself; the
-  bundles still missing stay reserved while it fills, :meth:`StripeShares.pending_bytes`), then
+  bundles still missing stay reserved while it fills, :meth:`StripeShares.pending_bytes`; a
+  share held ``storeOnDemand`` takes its room bundle by bundle as they arrive), then
   marked done by an empty file ``share/.stripe/done/<bundle>`` written and synced after
   the files; the layout file (``stripe-layout.jsonl``) beside them. It is what
   a striped CSI volume shows: the share as files, and where the rest lives;
@@ -56,7 +57,7 @@ from dsagent.cache.pools import Pools
 from dsagent.cache.settings import Settings
 from dsagent.cache.striped.handoff import PeerFetches
 from dsagent.cache.striped.readerstreams import OPERATORS, ReaderStream, ReaderStreams
-from dsagent.cache.striped.sharefill import Share, ShareFill, bundle_of
+from dsagent.cache.striped.sharefill import MakeRoom, Share, ShareFill, bundle_of
 from dsagent.cache.striped.sharerecords import ShareRecords, remove_version
 from dsagent.cache.striped.stripecurrent import CurrentVersions
 from dsagent.cache.striped.stripefetch import BundleSources
@@ -93,7 +94,7 @@ class StripeShares(ShareRecords, ShareFill):
         peers: PeerFetcher,
         *,
         clock: Callable[[], float] = time.time,
-        make_room: Callable[[Key, int], Awaitable[None]],
+        make_room: MakeRoom,
         disk: Callable[[int, int], int],
         capacity: Callable[[], Awaitable[int]] | None = None,
         pods_reported: bool = False,
@@ -227,7 +228,12 @@ class StripeShares(ShareRecords, ShareFill):
             done = await self.pools.work(self._done_markers, key)
             everything = await self._whole(layout, owned, done) if whole else None
             if everything is None:  # the cache makes room for what is missing, as for a fetch (1.2x, LRU)
-                await self.make_room(key, sum(self.disk(b.size, b.count) for b in owned if b.digest not in done))
+                missing = [b for b in owned if b.digest not in done]
+                if store_on_demand:  # for the bundles its pods wait for; the others take theirs as
+                    # they arrive, where evicting could make it (else refused, as any share)
+                    await self.make_room(key, sum(self.disk(b.size, b.count) for b in missing), how="possible")
+                    missing = [b for b in owned[: max(0, ready_after)] if b.digest not in done]
+                await self.make_room(key, sum(self.disk(b.size, b.count) for b in missing))
             share = Share(
                 layout, manifest, store, options, dict(peers), max(0, ready_after), owned=tuple(everything or owned),
                 no_share=shareless, holders={*(share.holders if share is not None else ()), *holders},
@@ -326,14 +332,14 @@ class StripeShares(ShareRecords, ShareFill):
 
     def pending_bytes(self, exclude: Key | None = None) -> int:
         """Disk the shares being filled still miss, their room made when they were held
-        (:meth:`hold`): reserved for them, so that a fetch starting meanwhile cannot take it.
-        ``exclude``: a share whose room is being made again."""
+        (:meth:`hold`; held ``storeOnDemand``, the bundles its pods wait for and those on
+        their way: :meth:`Share.reserved`): reserved for them, so that a fetch starting
+        meanwhile cannot take it. ``exclude``: a share whose room is being made again."""
         return sum(
             self.disk(b.size, b.count)
             for key, share in self._shares.items()
             if key != exclude and share.filling
-            for b in share.owned
-            if b.digest not in share.held
+            for b in share.reserved()
         )
 
     async def drop(self, key: Key, *, reason: str) -> bool:

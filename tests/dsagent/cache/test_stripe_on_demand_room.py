@@ -1,0 +1,151 @@
+"""A share held ``storeOnDemand`` takes the cache's room as its bundles arrive, not when it
+is held (in process, a real bundle store over loopback HTTP; docs/design-striping.md#agent).
+
+A job reading part of an epoch of a version larger than a node reads only that part from
+the store; reserving the node's whole share for it at once would evict data the cluster
+reads again for bundles nobody may read. So:
+
+- holding the share on demand evicts nothing and reserves nothing (its pods wait for no
+  bundle: ``readyAfter`` 0, as the controller asks for ``startBeforeWhole``);
+- a bundle a reader asks for takes its room then: beside an idle copy while there is free
+  room for it, by evicting that copy once there is not;
+- a share held to fill at once still reserves every bundle it misses when it is held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from dsagent.cache.service import CacheService
+from dsagent.cache.servicehooks import ServiceHooks
+from dsagent.cache.settings import Settings
+from dsagent.format.bundles.bundle import pack
+from dsagent.policy.eviction import EVICT_RATIO
+from tests.clock import Clock
+from tests.dsagent.conftest import write_tree
+from tools.support.harness import LOOPBACK
+
+NODE = "node-a"
+
+
+def _stores(www: Path) -> None:
+    for name in ("imgs", "other"):
+        files = {f"{name}/f{i:03d}.bin": os.urandom(3000 + 97 * i) for i in range(12)}
+        write_tree(www / f"src-{name}", files)
+        pack(www / f"src-{name}", www / name, name=name, max_files=4)
+
+
+@contextlib.asynccontextmanager
+async def _service(settings: Settings) -> AsyncIterator[CacheService]:
+    service = CacheService(settings, clock=Clock(1_000_000.0), hooks=ServiceHooks())
+    await service.start()
+    try:
+        yield service
+    finally:
+        await service.stop()
+
+
+async def _complete(service: CacheService, key: tuple[str, str]) -> None:
+    for _ in range(600):
+        if service.stripes.status(key)["complete"]:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(service.stripes.status(key))
+
+
+async def _settled(service: CacheService, key: tuple[str, str]) -> None:
+    """The fill's pass over the peers (there are none) has ended."""
+    share = service.stripes._shares[key]
+    for _ in range(600):
+        if not share.inflight:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the fill's first pass did not end")
+
+
+async def _other(service: CacheService, url: str) -> tuple[str, str]:
+    """``other`` held whole on this node alone, complete: an idle copy the eviction may take."""
+    status = await service.stripes.hold("other", f"{url}/other", [NODE], {}, whole=True, ready_after=0)
+    key = ("other", str(status["digest"]))
+    await _complete(service, key)
+    return key
+
+
+async def _read(service: CacheService, key: tuple[str, str], bundle: str) -> None:
+    _, _, stream = await service.stripes.open_bundle(key[0], key[1], bundle)
+    stream.close()
+
+
+def _measure(tmp_path: Path, url: str) -> tuple[int, int, list[int]]:
+    """On a cache of no set size: what ``other`` takes held whole, what the manifest kept
+    beside a share of ``imgs`` takes, and the disk each of its bundles takes."""
+
+    async def run() -> tuple[int, int, list[int]]:
+        settings = Settings(root=tmp_path / "measure", node_name=NODE, egress_allow=LOOPBACK, sweep_interval=3600)
+        async with _service(settings) as service:
+            await _other(service, url)
+            other = service.stripes.total_bytes()
+            status = await service.stripes.hold("imgs", f"{url}/imgs", [NODE], {}, store_on_demand=True, ready_after=0)
+            share = service.stripes._shares[("imgs", str(status["digest"]))]
+            return other, share.kept_bytes, [service.stripes.disk(b.size, b.count) for b in share.owned]
+
+    return asyncio.run(run())
+
+
+def test_a_share_on_demand_takes_its_room_as_its_bundles_arrive(
+    tmp_path: Path, loopback: tuple[Path, str, Any]
+) -> None:
+    www, url, _ = loopback
+    _stores(www)
+    other_bytes, kept, bundles = _measure(tmp_path, url)
+    # room for either of its first two bundles at the eviction's ratio, not for both, nor for the share
+    room = math.ceil(EVICT_RATIO * max(bundles[:2])) + 1
+    assert room < bundles[0] + EVICT_RATIO * bundles[1] and room < EVICT_RATIO * sum(bundles)
+    settings = Settings(
+        root=tmp_path / "cache",
+        node_name=NODE,
+        egress_allow=LOOPBACK,
+        sweep_interval=3600,
+        capacity_bytes=other_bytes + kept + room,
+    )
+
+    async def run() -> None:
+        async with _service(settings) as service:
+            other = await _other(service, url)
+            status = await service.stripes.hold("imgs", f"{url}/imgs", [NODE], {}, store_on_demand=True, ready_after=0)
+            key = ("imgs", str(status["digest"]))
+            await _settled(service, key)
+            share = service.stripes._shares[key]
+            assert other in service.stripes._shares, "holding the share on demand evicted nothing"
+            assert service.stripes.pending_bytes() == 0 and not share.held
+
+            first, second = share.owned[:2]
+            await _read(service, key, first.digest)  # fits beside the idle copy
+            assert first.digest in share.held and other in service.stripes._shares
+            await _read(service, key, second.digest)  # does not: the idle copy goes for it
+            assert second.digest in share.held and other not in service.stripes._shares
+
+    asyncio.run(run())
+
+
+def test_a_share_held_to_fill_at_once_reserves_what_it_misses(tmp_path: Path, loopback: tuple[Path, str, Any]) -> None:
+    www, url, _ = loopback
+    _stores(www)
+    settings = Settings(root=tmp_path / "cache", node_name=NODE, egress_allow=LOOPBACK, sweep_interval=3600)
+
+    async def run() -> None:
+        async with _service(settings) as service:
+            status = await service.stripes.hold("imgs", f"{url}/imgs", [NODE], {}, ready_after=0)
+            share = service.stripes._shares[("imgs", str(status["digest"]))]  # its fill not begun yet
+            owned = sum(service.stripes.disk(b.size, b.count) for b in share.owned)
+            assert not share.held and owned > 0 and service.stripes.pending_bytes() == owned
+            await _complete(service, share.key)
+            assert service.stripes.pending_bytes() == 0
+
+    asyncio.run(run())
