@@ -99,6 +99,12 @@ class CacheEntry:
     def in_use(self) -> bool:
         return self.users > 0 or self.prepared or self.replica
 
+    @property
+    def on_disk(self) -> int:
+        """The bytes it takes: a share's part on disk (its bundles take their room as they
+        arrive), a copy's whole size (reserved from its fetch's start)."""
+        return int(self.size * self.part) if self.stripe else self.size
+
 
 @dataclass
 class Node:
@@ -112,7 +118,7 @@ class Node:
 
     @property
     def used_bytes(self) -> int:
-        return sum(e.size for e in self.cache.values())
+        return sum(e.on_disk for e in self.cache.values())
 
 
 @dataclass

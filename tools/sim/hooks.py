@@ -144,7 +144,7 @@ class NextJobPreparation:
             return preparation.NodeState(
                 n.name,
                 sim.params.cache_bytes,
-                sum(e.size for e in n.cache.values() if e.users > 0),
+                sum(e.on_disk for e in n.cache.values() if e.users > 0),
                 len(n.free),
                 tuple(ends.get(n.index, ())),
                 frozenset((name, f"{v:032x}") for name, v in n.cache),

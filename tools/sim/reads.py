@@ -133,7 +133,7 @@ class Reads(StripeReads):
         copies that other nodes hold ready too."""
         free = self.params.cache_bytes - node.used_bytes
         spare = sum(
-            e.size
+            e.on_disk
             for k, e in node.cache.items()
             if k == key or (e.ready and not e.stripe and not e.in_use and self._others(k, e.ready, node) > 0)
         )
@@ -372,7 +372,7 @@ class Reads(StripeReads):
             Candidate(
                 name,
                 f"{version:032x}",
-                e.size,
+                e.on_disk,
                 e.last_used,
                 in_use=e.in_use,
                 fetching=not e.ready,

@@ -89,7 +89,12 @@ class StripeReads(Flows):
             )
             later += Split(cached.local * now * rest, cached.remote * now * rest, part * (1.0 - now) * rest)
             if m == node.index or m not in job_nodes:
-                group.fill[m] = min(1.0, group.fill.get(m, 0.0) + head * (part / owned if owned else 0.0) * (1.0 - was))
+                self._grow(
+                    group,
+                    key,
+                    m,
+                    min(1.0, group.fill.get(m, 0.0) + head * (part / owned if owned else 0.0) * (1.0 - was)),
+                )
                 self.touch(self.nodes[m])  # its inventory's held bytes changed
         sources = tuple(m for m in group.members if m not in job_nodes and m in group.holding)
         if moving_from := tuple(m for m in group.members if m in group.holding and m != node.index and m in job_nodes):
@@ -121,6 +126,21 @@ class StripeReads(Flows):
         worker.hit = entry is not None and first.store + later.store == 0
         self.hits += worker.hit
         self._data_ready(out)
+
+    def _grow(self, group: stripe.Group, key: tuple[str, int], m: int, fill: float) -> None:
+        """Member ``m`` holds ``fill`` of its share of ``key`` now: a share held
+        ``storeOnDemand`` takes the room for the bundles arriving as they arrive, by the
+        agent's eviction plan (:meth:`dsagent.cache.striped.sharefill.Share.reserved`), not
+        when the group is formed (its ``part`` is the part on disk, :attr:`Node.used_bytes`)."""
+        group.fill[m] = fill
+        node = self.nodes[m]
+        entry = node.cache.get(key)
+        if entry is None or not entry.stripe or fill <= entry.part:
+            return
+        entry.users += 1  # the share itself is never a victim of its own room
+        self._make_room(node, int(entry.size * (fill - entry.part)))
+        entry.users -= 1
+        entry.part = fill
 
     def _partial_copies(self, node: Node, key: tuple[str, int]) -> dict[int, float]:
         """Other nodes' copies holding part of version ``key`` (a whole copy whose jobs read
@@ -159,7 +179,7 @@ class StripeReads(Flows):
                 held = int(entry.size * group.fill.get(node.index, 0.0)) if entry is not None else 0
                 if not worth_whole(int(self._window_bytes(node, key)), size - held):
                     continue
-                if not self._make_room(node, size - (entry.size if entry is not None else 0), replica=True):
+                if not self._make_room(node, size - (entry.on_disk if entry is not None else 0), replica=True):
                     continue
                 if entry is None:
                     entry = node.cache[key] = CacheEntry(key[0], key[1], size, self.now, users=1)
@@ -190,8 +210,9 @@ class StripeReads(Flows):
                 taker = self._taker(reading[0], group, key, m, owned, refused=False)
                 if taker is None:
                     continue
-                self._make_room(taker, owned)
-                taker.cache[key] = CacheEntry(key[0], key[1], owned, self.now, ready=True, replica=True, stripe=True)
+                taker.cache[key] = CacheEntry(
+                    key[0], key[1], owned, self.now, ready=True, replica=True, stripe=True, part=0.0
+                )
                 self.touch(taker)
                 group.members = (*group.members[:slot], taker.index, *group.members[slot + 1 :])
                 group.owned = {taker.index if k == m else k: v for k, v in group.owned.items()}
@@ -247,7 +268,9 @@ class StripeReads(Flows):
         self.read_store[1] += fill
         self.read_peer[1] += left - fill
         group = self.stripes[f.key]
-        group.fill[taker.index] = min(1.0, group.fill.get(taker.index, 0.0) + (fill / owned if owned else 0.0))
+        self._grow(
+            group, f.key, taker.index, min(1.0, group.fill.get(taker.index, 0.0) + (fill / owned if owned else 0.0))
+        )
         job, index = f.waiters[0]
         if f.remaining <= 1.0:  # only the hole's bytes were left: this read is done with
             self._close_stream(f)
@@ -327,17 +350,20 @@ class StripeReads(Flows):
             if owned <= 0:
                 group.holding.add(m)
                 continue
-            if node is None or not self._make_room(node, owned):
+            # held storeOnDemand: refused only where evicting could not make the share's room
+            if node is None or not self._make_room(node, owned, dry_run=True):
                 taker = self._taker(out, group, key, m, owned, refused=True)
                 if taker is None:  # a hole: its bundles come from the store
                     continue
-                self._make_room(taker, owned)  # chosen by a dry run: its room is made now
                 node = taker
                 group.holding.discard(m)
                 group.members = (*group.members[:slot], node.index, *group.members[slot + 1 :])
                 group.owned = {node.index if k == m else k: v for k, v in group.owned.items()}
-            # room for the whole share is made now; its bundles arrive as the readers read them
-            node.cache[key] = CacheEntry(key[0], key[1], owned, self.now, ready=True, replica=True, stripe=True)
+            # held storeOnDemand: no room is taken now, its bundles take theirs as the readers
+            # read them (:meth:`_grow`)
+            node.cache[key] = CacheEntry(
+                key[0], key[1], owned, self.now, ready=True, replica=True, stripe=True, part=0.0
+            )
             self.touch(node)
             group.fill[node.index] = 0.0
             group.holding.add(node.index)
@@ -389,10 +415,14 @@ class StripeReads(Flows):
                 group.holding.add(m)
                 group.fill[m] = entry.part if entry.ready else 0.0  # a copy still fetched feeds readers as it lands
                 continue
-            if not self._make_room(node, int(owned[m]), replica=True):
+            # room for the bundles it takes over from the old owners; the rest as they are read
+            room = self._make_room(node, int(owned[m]), dry_run=True, replica=True)
+            if not room or not self._make_room(node, int(owned[m] * moved), replica=True):
                 shareless.add(m)  # no room after all: it reads through its window
                 continue
-            node.cache[key] = CacheEntry(key[0], key[1], int(owned[m]), self.now, ready=True, replica=True, stripe=True)
+            node.cache[key] = CacheEntry(
+                key[0], key[1], int(owned[m]), self.now, ready=True, replica=True, stripe=True, part=moved
+            )
             self.touch(node)
             group.holding.add(m)
             group.fill[m] = moved  # what the old owners held of its bundles: on their disks for now
@@ -418,12 +448,12 @@ class StripeReads(Flows):
         return Candidate(
             str(node.index),
             free_bytes=int(self.params.cache_bytes - node.used_bytes),
-            held_bytes=int(entry.size) if entry is not None else 0,
+            held_bytes=entry.on_disk if entry is not None else 0,
             subnet=",".join(sorted(c.name for c in node.type.classes)),
             cache_bytes=int(self.params.cache_bytes),
             spare_bytes=self._room_bytes(node, key),
             holds_whole=entry is not None and not entry.stripe and entry.ready and entry.part >= 1.0,
-            in_use_bytes=int(sum(e.size for e in node.cache.values() if e.in_use)),
+            in_use_bytes=sum(e.on_disk for e in node.cache.values() if e.in_use),
         )
 
     def _room_bytes(self, node: Node, key: tuple[str, int]) -> int:
