@@ -140,6 +140,24 @@ def test_a_version_held_whole_elsewhere_is_read_through_a_group_when_this_node_h
         assert sim.outcomes[2].end - sim.outcomes[2].compute_end < 1.0  # its reads kept up with its GPUs
 
 
+def test_a_share_takes_its_room_as_it_fills_and_keeps_idle_copies_it_does_not_need() -> None:
+    # every node holds an idle 0.6 TB copy of another version (the last copy: nobody else
+    # holds it); a 3 TB version read for a tenth of an epoch fills a tenth of its shares: the
+    # shares hold their part on disk, and room for the rest is never made, so the idle
+    # copies stay (room for whole shares of 0.75 TB would have evicted every one of them)
+    data = [Dataset("ds000", 3 * TB, (0.0,))]
+    sim = Simulation("ours+stripe+early", [job(0, 0.0)], data, cluster(epochs=0.1), seed=3)
+    for n in sim.nodes:
+        n.cache[("idle", 0)] = CacheEntry("idle", 0, int(0.6 * TB), 0.0, ready=True)
+    sim.run()
+    group = sim.stripes[("ds000", 0)]
+    assert len(group.members) == 4 and sim.storage_bytes == pytest.approx(0.3 * TB)
+    for m in group.members:
+        share = sim.nodes[m].cache[("ds000", 0)]
+        assert share.stripe and share.on_disk == pytest.approx(0.1 * share.size, rel=1e-6)
+    assert all(("idle", 0) in n.cache for n in sim.nodes)
+
+
 def test_a_member_that_cannot_hold_its_share_again_hands_its_slot_to_a_node_that_can() -> None:
     # six nodes; two are full of a running job's data when the group forms, so it forms on
     # the other four. Later one member loses its share and its cache is taken; the two
