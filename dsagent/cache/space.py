@@ -48,8 +48,8 @@ from dsplatform.units import format_size
 log = logging.getLogger("dsagent")
 
 
-#: How :meth:`Space.make_room` makes room: evicting, only from free room, or saying whether
-#: evicting could
+#: How :meth:`Space.make_room` makes room: by evicting, only from free room, or not at all,
+#: saying only whether evicting could make it
 RoomHow = Literal["evict", "free", "possible"]
 
 
