@@ -9,6 +9,8 @@ reads again for bundles nobody may read. So:
   bundle: ``readyAfter`` 0, as the controller asks for ``startBeforeWhole``);
 - a bundle a reader asks for takes its room then: beside an idle copy while there is free
   room for it, by evicting that copy once there is not;
+- where evicting could not make room for the whole share (the cache is held by data its
+  pods read), the hold is still refused at once, so that another node owns in its place;
 - a share held to fill at once still reserves every bundle it misses when it is held.
 """
 
@@ -22,9 +24,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dsagent.cache.service import CacheService
 from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
+from dsagent.errors import InsufficientSpace
 from dsagent.format.bundles.bundle import pack
 from dsagent.policy.eviction import EVICT_RATIO
 from tests.clock import Clock
@@ -70,8 +75,11 @@ async def _settled(service: CacheService, key: tuple[str, str]) -> None:
 
 
 async def _other(service: CacheService, url: str) -> tuple[str, str]:
-    """``other`` held whole on this node alone, complete: an idle copy the eviction may take."""
-    status = await service.stripes.hold("other", f"{url}/other", [NODE], {}, whole=True, ready_after=0)
+    """``other`` held whole on this node alone, complete: an idle copy the eviction may take
+    (unless the node's pods read ``ml/other``)."""
+    status = await service.stripes.hold(
+        "other", f"{url}/other", [NODE], {}, whole=True, ready_after=0, holders=[("ml", "other")]
+    )
     key = ("other", str(status["digest"]))
     await _complete(service, key)
     return key
@@ -147,5 +155,30 @@ def test_a_share_held_to_fill_at_once_reserves_what_it_misses(tmp_path: Path, lo
             assert not share.held and owned > 0 and service.stripes.pending_bytes() == owned
             await _complete(service, share.key)
             assert service.stripes.pending_bytes() == 0
+
+    asyncio.run(run())
+
+
+def test_a_share_on_demand_is_refused_where_evicting_could_not_make_its_room(
+    tmp_path: Path, loopback: tuple[Path, str, Any]
+) -> None:
+    www, url, _ = loopback
+    _stores(www)
+    other_bytes, kept, bundles = _measure(tmp_path, url)
+    settings = Settings(
+        root=tmp_path / "cache",
+        node_name=NODE,
+        egress_allow=LOOPBACK,
+        sweep_interval=3600,
+        capacity_bytes=other_bytes + kept + math.ceil(EVICT_RATIO * max(bundles)) + 1,
+    )
+
+    async def run() -> None:
+        async with _service(settings) as service:
+            other = await _other(service, url)
+            service.stripes.read_by({("ml", "other")})  # a pod on the node reads it: in use
+            with pytest.raises(InsufficientSpace):
+                await service.stripes.hold("imgs", f"{url}/imgs", [NODE], {}, store_on_demand=True, ready_after=0)
+            assert other in service.stripes._shares and len(service.stripes._shares) == 1
 
     asyncio.run(run())
