@@ -20,12 +20,13 @@ import asyncio
 import contextlib
 import math
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from dsagent.cache.layout import Key
 from dsagent.cache.service import CacheService
 from dsagent.cache.servicehooks import ServiceHooks
 from dsagent.cache.settings import Settings
@@ -85,6 +86,12 @@ async def _other(service: CacheService, url: str) -> tuple[str, str]:
     return key
 
 
+async def _on_demand(service: CacheService, url: str) -> dict[str, Any]:
+    """``imgs`` held on this node alone ``storeOnDemand``, its pods waiting for no bundle
+    (``readyAfter`` 0, as the controller asks for ``startBeforeWhole``)."""
+    return await service.stripes.hold("imgs", f"{url}/imgs", [NODE], {}, store_on_demand=True, ready_after=0)
+
+
 async def _read(service: CacheService, key: tuple[str, str], bundle: str) -> None:
     _, _, stream = await service.stripes.open_bundle(key[0], key[1], bundle)
     stream.close()
@@ -99,20 +106,23 @@ def _measure(tmp_path: Path, url: str) -> tuple[int, int, list[int]]:
         async with _service(settings) as service:
             await _other(service, url)
             other = service.stripes.total_bytes()
-            status = await service.stripes.hold("imgs", f"{url}/imgs", [NODE], {}, store_on_demand=True, ready_after=0)
+            status = await _on_demand(service, url)
             share = service.stripes._shares[("imgs", str(status["digest"]))]
             return other, share.kept_bytes, [service.stripes.disk(b.size, b.count) for b in share.owned]
 
     return asyncio.run(run())
 
 
-def test_a_share_on_demand_takes_its_room_as_its_bundles_arrive(
-    tmp_path: Path, loopback: tuple[Path, str, Any]
+def _beside_an_idle_copy(
+    tmp_path: Path, loopback: tuple[Path, str, Any], body: Callable[[CacheService, str, Key], Awaitable[None]]
 ) -> None:
+    """``body(service, url, other)`` on a node holding ``other`` whole (``other`` its key), on
+    a cache with room beside it for the manifest kept beside a share of ``imgs`` and for
+    either of the share's first two bundles at the eviction's ratio: not for both, nor for
+    the share."""
     www, url, _ = loopback
     _stores(www)
     other_bytes, kept, bundles = _measure(tmp_path, url)
-    # room for either of its first two bundles at the eviction's ratio, not for both, nor for the share
     room = math.ceil(EVICT_RATIO * max(bundles[:2])) + 1
     assert room < bundles[0] + EVICT_RATIO * bundles[1] and room < EVICT_RATIO * sum(bundles)
     settings = Settings(
@@ -125,21 +135,29 @@ def test_a_share_on_demand_takes_its_room_as_its_bundles_arrive(
 
     async def run() -> None:
         async with _service(settings) as service:
-            other = await _other(service, url)
-            status = await service.stripes.hold("imgs", f"{url}/imgs", [NODE], {}, store_on_demand=True, ready_after=0)
-            key = ("imgs", str(status["digest"]))
-            await _settled(service, key)
-            share = service.stripes._shares[key]
-            assert other in service.stripes._shares, "holding the share on demand evicted nothing"
-            assert service.stripes.pending_bytes() == 0 and not share.held
-
-            first, second = share.owned[:2]
-            await _read(service, key, first.digest)  # fits beside the idle copy
-            assert first.digest in share.held and other in service.stripes._shares
-            await _read(service, key, second.digest)  # does not: the idle copy goes for it
-            assert second.digest in share.held and other not in service.stripes._shares
+            await body(service, url, await _other(service, url))
 
     asyncio.run(run())
+
+
+def test_a_share_on_demand_takes_its_room_as_its_bundles_arrive(
+    tmp_path: Path, loopback: tuple[Path, str, Any]
+) -> None:
+    async def body(service: CacheService, url: str, other: Key) -> None:
+        status = await _on_demand(service, url)
+        key = ("imgs", str(status["digest"]))
+        await _settled(service, key)
+        share = service.stripes._shares[key]
+        assert other in service.stripes._shares, "holding the share on demand evicted nothing"
+        assert service.stripes.pending_bytes() == 0 and not share.held
+
+        first, second = share.owned[:2]
+        await _read(service, key, first.digest)  # fits beside the idle copy
+        assert first.digest in share.held and other in service.stripes._shares
+        await _read(service, key, second.digest)  # does not: the idle copy goes for it
+        assert second.digest in share.held and other not in service.stripes._shares
+
+    _beside_an_idle_copy(tmp_path, loopback, body)
 
 
 def test_a_share_held_to_fill_at_once_reserves_what_it_misses(tmp_path: Path, loopback: tuple[Path, str, Any]) -> None:
@@ -162,23 +180,10 @@ def test_a_share_held_to_fill_at_once_reserves_what_it_misses(tmp_path: Path, lo
 def test_a_share_on_demand_is_refused_where_evicting_could_not_make_its_room(
     tmp_path: Path, loopback: tuple[Path, str, Any]
 ) -> None:
-    www, url, _ = loopback
-    _stores(www)
-    other_bytes, kept, bundles = _measure(tmp_path, url)
-    settings = Settings(
-        root=tmp_path / "cache",
-        node_name=NODE,
-        egress_allow=LOOPBACK,
-        sweep_interval=3600,
-        capacity_bytes=other_bytes + kept + math.ceil(EVICT_RATIO * max(bundles)) + 1,
-    )
+    async def body(service: CacheService, url: str, other: Key) -> None:
+        service.stripes.read_by({("ml", "other")})  # a pod on the node reads it: in use
+        with pytest.raises(InsufficientSpace):
+            await _on_demand(service, url)
+        assert list(service.stripes._shares) == [other]  # kept, and imgs not held
 
-    async def run() -> None:
-        async with _service(settings) as service:
-            other = await _other(service, url)
-            service.stripes.read_by({("ml", "other")})  # a pod on the node reads it: in use
-            with pytest.raises(InsufficientSpace):
-                await service.stripes.hold("imgs", f"{url}/imgs", [NODE], {}, store_on_demand=True, ready_after=0)
-            assert other in service.stripes._shares and len(service.stripes._shares) == 1
-
-    asyncio.run(run())
+    _beside_an_idle_copy(tmp_path, loopback, body)
