@@ -116,15 +116,11 @@ class Space:
             if how == "evict":
                 await self._evict_for(key, size, keep=key)
                 return
-            free = await self.free_bytes(exclude=key)
             if how == "free":
-                if free < size:
+                if (free := await self.free_bytes(exclude=key)) < size:
                     raise InsufficientSpace(f"{size} bytes for {key[0]}'s share are not free ({free} are)")
                 return
-            candidates = [c for c in await self.candidates() if (c.name, c.digest) != key]
-            plan = eviction.plan_for_fetch(candidates, size=size, free=free, ratio=self.settings.evict_ratio)
-            if not plan.sufficient:
-                raise _insufficient(key[0], size, plan)
+            await self._plan(key, size, spared={key})  # raises where evicting could not make it
 
     async def _evict_for(
         self, key: Key, size: int, *, overhead: int = 0, staged: int = 0, keep: Key | None = None
@@ -133,20 +129,27 @@ class Space:
         (:class:`InsufficientSpace` when it cannot); ``keep`` is never chosen."""
         spared: set[Key] = {keep} if keep is not None else set()  # never chosen (again)
         while True:
-            candidates = [
-                dataclasses.replace(c, in_use=True) if (c.name, c.digest) in spared else c
-                for c in await self.candidates()
-            ]
-            free = await self.free_bytes(exclude=key, staged=staged, overhead=overhead)
-            plan = eviction.plan_for_fetch(candidates, size=size, free=free, ratio=self.settings.evict_ratio)
-            if not plan.sufficient:
-                raise _insufficient(key[0], size, plan, overhead=overhead)
+            plan = await self._plan(key, size, spared=spared, staged=staged, overhead=overhead)
             for victim in plan.victims:
                 if not await self.evict_one(victim, reason="space"):
                     spared.add((victim.name, victim.digest))
             if not spared.intersection((v.name, v.digest) for v in plan.victims):
                 return
             # plan again on the new view; it ends, since each round spares one more version
+
+    async def _plan(
+        self, key: Key, size: int, *, spared: set[Key], staged: int = 0, overhead: int = 0
+    ) -> eviction.Plan:
+        """Under :attr:`lock`: the eviction plan that makes ``size`` fit for ``key`` on the
+        node as it is now, ``spared`` never chosen; :class:`InsufficientSpace` when none can."""
+        candidates = [
+            dataclasses.replace(c, in_use=True) if (c.name, c.digest) in spared else c for c in await self.candidates()
+        ]
+        free = await self.free_bytes(exclude=key, staged=staged, overhead=overhead)
+        plan = eviction.plan_for_fetch(candidates, size=size, free=free, ratio=self.settings.evict_ratio)
+        if not plan.sufficient:
+            raise _insufficient(key[0], size, plan, overhead=overhead)
+        return plan
 
     def release(self, key: Key) -> None:
         self.reservations.pop(key, None)
