@@ -15,7 +15,7 @@ Who calls it: :class:`dsagent.cache.striped.stripes.StripeShares`, which mixes i
   only for a bundle a reader waits for (this node's reader, a peer's asking with the
   marker of :mod:`dsplatform.wire.peerbundle`, or the first ``readyAfter`` bundles its pods
   wait for), so that a version is read from the store as far as it is read; and it takes
-  the cache's room as its bundles arrive (:meth:`Share.reserved`), evicting only for a
+  the cache's room as its bundles arrive (:meth:`Share.reserved_bytes`), evicting only for a
   bundle that may read the store, so that it holds the room as far as it is read;
 - where a bundle comes from (:meth:`ShareFill._fetch_owned`): an owned bundle from the
   members ranked next by HRW, the copies, the store, claimed meanwhile; a whole copy's
@@ -120,14 +120,15 @@ class Share:
         once would evict data the cluster reads again for bundles nobody may read."""
         return self.on_demand and not self.whole
 
-    def reserved(self) -> list[StripeBundle]:
-        """The bundles it misses whose room is taken: all of them, or, taking its room as
-        read, those its pods wait for (the first ``ready_after``) and those being fetched."""
-        if not self.takes_room_as_read:
-            return [b for b in self.owned if b.digest not in self.held]
-        waited = {b.digest for b in self.owned[: self.ready_after]}
-        coming = waited | set(self.inflight)
-        return [b for b in self.owned if b.digest not in self.held and b.digest in coming]
+    def reserved_bytes(self, disk: Callable[[int, int], int]) -> int:
+        """Disk the bundles it misses and whose room is taken will take (``disk(bytes,
+        files)``): all of them, or, taking its room as read, those its pods wait for (the
+        first ``ready_after``) and those being fetched."""
+        missing = [b for b in self.owned if b.digest not in self.held]
+        if self.takes_room_as_read:
+            coming = {b.digest for b in self.owned[: self.ready_after]} | set(self.inflight)
+            missing = [b for b in missing if b.digest in coming]
+        return sum(disk(b.size, b.count) for b in missing)
 
     @property
     def complete_whole(self) -> bool:
@@ -255,8 +256,7 @@ class ShareFill:
         try:
             if share.takes_room_as_read:  # its room now: this bundle's and the others' arriving
                 try:  # evicting only for a fetch that may read the store (a reader waits for it)
-                    size = sum(self.disk(b.size, b.count) for b in share.reserved())
-                    await self.make_room(share.key, size, how="evict" if store else "free")
+                    await self.make_room(share.key, share.reserved_bytes(self.disk), how="evict" if store else "free")
                 except InsufficientSpace:
                     if reader:
                         raise  # the reader takes it through the window

@@ -333,13 +333,10 @@ class StripeShares(ShareRecords, ShareFill):
     def pending_bytes(self, exclude: Key | None = None) -> int:
         """Disk the shares being filled still miss, their room made when they were held
         (:meth:`hold`; held ``storeOnDemand``, the bundles its pods wait for and those on
-        their way: :meth:`Share.reserved`): reserved for them, so that a fetch starting
+        their way: :meth:`Share.reserved_bytes`): reserved for them, so that a fetch starting
         meanwhile cannot take it. ``exclude``: a share whose room is being made again."""
         return sum(
-            self.disk(b.size, b.count)
-            for key, share in self._shares.items()
-            if key != exclude and share.filling
-            for b in share.reserved()
+            share.reserved_bytes(self.disk) for key, share in self._shares.items() if key != exclude and share.filling
         )
 
     async def drop(self, key: Key, *, reason: str) -> bool:
