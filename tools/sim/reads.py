@@ -353,7 +353,15 @@ class Reads(StripeReads):
         )
         return sum(group.owned[m] * group.fill[m] for m in owners), owners
 
-    def _make_room(self, node: Node, size: int, *, dry_run: bool = False, replica: bool = False) -> bool:
+    def _make_room(
+        self,
+        node: Node,
+        size: int,
+        *,
+        dry_run: bool = False,
+        replica: bool = False,
+        keep: tuple[str, int] | None = None,
+    ) -> bool:
         """Room for ``size`` bytes by the agent's eviction policy, the product's
         :func:`~dsagent.policy.eviction.plan_for_fetch` over the node's copies as its agent
         sees them: with a group policy (``ours+stripe``) each share marked ``striped`` (no idle
@@ -364,7 +372,8 @@ class Reads(StripeReads):
         a whole copy of a version the cluster holds, a share given to a node with room) is
         made only from the first class, as the controller's room check (the inventory's
         ``spare_bytes``) counts it: it never costs the cluster the last copy of something
-        else. In a group's pass the copies its members evict are counted gone
+        else. ``keep``: a version never chosen, as the agent never evicts a share for its
+        own room. In a group's pass the copies its members evict are counted gone
         (:attr:`group_evicted`)."""
         aware = self.policy in OURS
         striped = self.policy in STRIPE
@@ -374,7 +383,7 @@ class Reads(StripeReads):
                 f"{version:032x}",
                 e.on_disk,
                 e.last_used,
-                in_use=e.in_use,
+                in_use=e.in_use or (name, version) == keep,
                 fetching=not e.ready,
                 copies=self._others((name, version), e.ready, node) if aware else None,
                 striped=striped and e.stripe,

@@ -130,16 +130,14 @@ class StripeReads(Flows):
     def _grow(self, group: stripe.Group, key: tuple[str, int], m: int, fill: float) -> None:
         """Member ``m`` holds ``fill`` of its share of ``key`` now: a share held
         ``storeOnDemand`` takes the room for the bundles arriving as they arrive, by the
-        agent's eviction plan (:meth:`dsagent.cache.striped.sharefill.Share.reserved`), not
+        agent's eviction plan (:meth:`dsagent.cache.striped.sharefill.Share.reserved_bytes`), not
         when the group is formed (its ``part`` is the part on disk, :attr:`Node.used_bytes`)."""
         group.fill[m] = fill
         node = self.nodes[m]
         entry = node.cache.get(key)
         if entry is None or not entry.stripe or fill <= entry.part:
             return
-        entry.users += 1  # the share itself is never a victim of its own room
-        self._make_room(node, int(entry.size * (fill - entry.part)))
-        entry.users -= 1
+        self._make_room(node, int(entry.size * (fill - entry.part)), keep=key)
         entry.part = fill
 
     def _partial_copies(self, node: Node, key: tuple[str, int]) -> dict[int, float]:
