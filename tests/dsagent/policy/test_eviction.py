@@ -1,4 +1,6 @@
-"""The pure victim choice: the 1.2x target of docs/design.md#eviction, LRU order, in-use and fetching protection."""
+"""The pure victim choice: the 1.2x target of docs/design.md#eviction, LRU order, in-use and
+fetching protection, and the classes that order copies and stripe shares
+(docs/design-striping.md#eviction)."""
 
 from __future__ import annotations
 
@@ -115,3 +117,30 @@ def test_the_ratio_is_written_once_in_the_product() -> None:
     defined = str(Path(eviction.__file__).resolve().relative_to(REPO_ROOT))
     assert [place for place in found if not place.startswith(f"{defined}:")] == []
     assert len(found) == 1, found
+
+
+def _class(*, striped: bool, other_copies: int | None) -> int:
+    return eviction.eviction_class(Candidate("", "", 0, 0.0, copies=other_copies, striped=striped))
+
+
+def _order(candidates: list[tuple[str, bool, int | None, float]]) -> list[str]:
+    """Names of ``(name, striped, other_copies, last_used)`` candidates in the agent's order."""
+    return [
+        c.name
+        for c in eviction.eviction_order(
+            Candidate(name, "", 0, last_used, copies=copies, striped=striped)
+            for name, striped, copies, last_used in candidates
+        )
+    ]
+
+
+def test_eviction_gives_back_replicated_copies_then_shares_and_last_copies_least_recently_used_first() -> None:
+    assert _class(striped=False, other_copies=2) == eviction.REPLICATED
+    assert _class(striped=True, other_copies=None) == eviction.LAST_COPY  # the only copy of its bundles
+    assert _class(striped=True, other_copies=1) == eviction.REPLICATED  # its version is held whole elsewhere
+    assert _class(striped=False, other_copies=0) == eviction.LAST_COPY
+    assert _class(striped=False, other_copies=None) == eviction.LAST_COPY  # unknown: the safe side
+    order = _order(
+        [("last", False, 0, 1.0), ("share-c", True, None, 5.0), ("rep", False, 3, 9.0), ("share-b", True, 1, 2.0)]
+    )
+    assert order == ["rep", "share-b", "last", "share-c"]

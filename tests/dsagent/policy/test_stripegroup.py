@@ -1,12 +1,11 @@
-"""The stripe group's members and the eviction order of striped shares: pure functions."""
+"""The stripe group's members: pure functions (how shares are ordered for eviction is
+tested with the eviction rule, tests/dsagent/policy/test_eviction.py)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
 
-from dsagent.policy import eviction
-from dsagent.policy.eviction import LAST_COPY, REPLICATED
 from dsagent.policy.stripegroup import Candidate, choose_group
 
 TB = 10**12
@@ -85,33 +84,6 @@ def test_another_subnet_fills_in_only_when_the_first_has_too_few() -> None:
     ]
     assert _members(nodes, size_bytes=TB, job_nodes=["a"], members=2) == ["a", "c"]
     assert _members(nodes, size_bytes=TB, job_nodes=["a"], members=3) == ["a", "c", "b"]
-
-
-def eviction_class(*, striped: bool, other_copies: int | None) -> int:
-    return eviction.eviction_class(eviction.Candidate("", "", 0, 0.0, copies=other_copies, striped=striped))
-
-
-def eviction_order(candidates: list[tuple[str, bool, int | None, float]]) -> list[str]:
-    """Names of ``(name, striped, other_copies, last_used)`` candidates in the agent's order."""
-    return [
-        c.name
-        for c in eviction.eviction_order(
-            eviction.Candidate(name, "", 0, last_used, copies=copies, striped=striped)
-            for name, striped, copies, last_used in candidates
-        )
-    ]
-
-
-def test_eviction_gives_back_replicated_copies_then_shares_and_last_copies_least_recently_used_first() -> None:
-    assert eviction_class(striped=False, other_copies=2) == REPLICATED
-    assert eviction_class(striped=True, other_copies=None) == LAST_COPY  # the only copy of its bundles
-    assert eviction_class(striped=True, other_copies=1) == REPLICATED  # its version is held whole elsewhere
-    assert eviction_class(striped=False, other_copies=0) == LAST_COPY
-    assert eviction_class(striped=False, other_copies=None) == LAST_COPY  # unknown: the safe side
-    order = eviction_order(
-        [("last", False, 0, 1.0), ("share-c", True, None, 5.0), ("rep", False, 3, 9.0), ("share-b", True, 1, 2.0)]
-    )
-    assert order == ["rep", "share-b", "last", "share-c"]
 
 
 def _job_node_without_room() -> list[Candidate]:
