@@ -200,7 +200,7 @@ class EntryTableBuilder:
         if len(hex_digests) != len(paths):
             raise ValueError(f"{len(hex_digests)} digests for {len(paths)} files")
         raw = bytes.fromhex("".join(hex_digests))
-        if len(raw) != 16 * len(hex_digests) or any(len(d) != DIGEST_LENGTH for d in hex_digests):
+        if len(raw) != 16 * len(hex_digests) or set(map(len, hex_digests)) - {DIGEST_LENGTH}:
             raise ValueError("a file digest is not 32 hex characters")
         self.sizes.extend(sizes)
         self.mtimes.extend(mtimes)
