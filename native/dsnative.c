@@ -13,7 +13,8 @@
  *
  * The one-pass pack's serial steps are here too: list_dirs (listdir.c), plan_cuts (plan.c)
  * and entry_lines and digest_records (manifestlines.c), each giving exactly what its Python
- * rule gives; and, in its pipeline, the samples its blocks are judged by, the zero runs
+ * rule gives; the manifest reader's entry_columns (manifestlines.c: the plain lines, values
+ * as json reads them, anything else left to it); and, in its pipeline, the samples its blocks are judged by, the zero runs
  * of the tar framing and the raw frames that store them as RLE blocks (probe.c), each
  * byte for byte what dsagent.format.bundles.frames makes in Python.
  *
@@ -212,7 +213,7 @@ static int hook_says(PyObject *hook, const char *kind, int fd, const char *name)
 #include "packloop.c" /* the pack's reader loop: TarReader */
 #include "listdir.c" /* the pack's listing: list_dirs */
 #include "probe.c"   /* the pack's frame helpers: block_samples, zero_tails, rle_frame */
-#include "manifestlines.c" /* the manifest's lines and digest records: entry_lines, digest_records */
+#include "manifestlines.c" /* the manifest's lines and digest records: entry_lines, digest_records, entry_columns */
 #include "plan.c" /* the bundle plan's boundaries: plan_cuts */
 #include "layout.c" /* the layout checks: first_unsafe, parents */
 #include "sizecheck.c" /* the ready check's lstat loop: sized_files */
@@ -223,6 +224,7 @@ static PyMethodDef methods[] = {
      "hash_tree(groups, cap, threads, isolate) -> (sizes, mtimes_ns, digests, failure): see native/hashtree.c."},
     {"entry_lines", entry_lines, METH_VARARGS, "entry_lines(paths, sizes, mtimes, digests) -> bytes | None: see native/manifestlines.c."},
     {"digest_records", digest_records, METH_VARARGS, "digest_records(paths, sizes, digests) -> bytes | None: see native/manifestlines.c."},
+    {"entry_columns", entry_columns, METH_O, "entry_columns(lines) -> (paths, sizes, mtimes, digests) | None: see native/manifestlines.c."},
     {"plan_cuts", plan_cuts, METH_VARARGS, "plan_cuts(paths, upto, max_files, max_bytes) -> list | None: see native/plan.c."},
     {"block_samples", block_samples, METH_VARARGS,
      "block_samples(buffer, block, pieces, piece) -> bytes: see native/probe.c."},
@@ -248,7 +250,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m == NULL) return NULL;
     /* what dsagent.format.native checks before it uses the module: raised with every change
      * of a function's arguments or results, or a function added or removed */
-    if (PyModule_AddIntConstant(m, "INTERFACE", 20) < 0) {
+    if (PyModule_AddIntConstant(m, "INTERFACE", 21) < 0) {
         Py_DECREF(m);
         return NULL;
     }

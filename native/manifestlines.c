@@ -1,4 +1,5 @@
-/* The manifest's entry lines, and the entries' digest records (included by dsnative.c).
+/* The manifest's entry lines written and read, and the entries' digest records (included by
+ * dsnative.c).
  *
  * entry_lines(paths, sizes, mtimes, digests) -> bytes | None
  *
@@ -161,5 +162,114 @@ static PyObject *digest_records(PyObject *self, PyObject *args) {
 done:
     PyBuffer_Release(&sizes);
     PyBuffer_Release(&digests);
+    return result;
+}
+
+/* entry_columns(lines) -> (paths, sizes, mtimes, digests) | None
+ *
+ * A batch of a manifest's entry lines (a list of bytes, each one line without its newline)
+ * parsed in one pass, when every line is in the form entry_lines writes and needs no JSON
+ * escape: ["PATH",SIZE,MTIME,"DIGEST"], PATH's bytes none of '"', '\\' or below 0x20, SIZE
+ * digits and MTIME an optional '-' and digits (no leading zero, at most 19 digits, an mtime
+ * within int64 and not "-0"), DIGEST 32 lowercase hex digits, nothing else on the line. paths: a list of str,
+ * each decoded as the Python parse decodes it (UTF-8, bytes that are not as surrogates);
+ * sizes and mtimes: 8 native bytes an entry (array('Q') and array('q')); digests: 16 raw
+ * bytes an entry. None when any line is in another form: the caller's json path parses the
+ * whole batch (its values, its errors), so what this accepts is a subset of what json reads,
+ * with the same values (tests/dsagent/format/test_native_pack.py checks both on random
+ * and mutated lines).
+ */
+
+static int hex_value(unsigned char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+/* The decimal number at p (at most 19 digits, no leading zero but "0") into *value; the
+ * position after it, or NULL. */
+static const char *plain_number(const char *p, const char *end, unsigned long long *value) {
+    const char *start = p;
+    unsigned long long n = 0; /* 19 digits stay below 2^64 */
+    while (p < end && *p >= '0' && *p <= '9' && p - start < 20) n = n * 10 + (unsigned long long)(*p++ - '0');
+    Py_ssize_t digits = p - start;
+    if (digits == 0 || digits > 19 || (digits > 1 && *start == '0')) return NULL;
+    *value = n;
+    return p;
+}
+
+/* One line into the columns; 1 parsed, 0 not in the plain form, -1 with an exception set. */
+static int plain_entry(const char *p, Py_ssize_t length, PyObject *paths, unsigned long long *size,
+                       long long *mtime, unsigned char *digest) {
+    const char *end = p + length;
+    if (length < 2 || p[0] != '[' || p[1] != '"') return 0;
+    p += 2;
+    const char *path = p;
+    while (p < end && *p != '"') {
+        unsigned char c = (unsigned char)*p++;
+        if (c < 0x20 || c == '\\') return 0;
+    }
+    if (p == end) return 0;
+    Py_ssize_t path_length = p - path;
+    p++; /* the closing quote */
+    if (p >= end || *p++ != ',') return 0;
+    unsigned long long number;
+    if ((p = plain_number(p, end, &number)) == NULL) return 0;
+    *size = number;
+    if (p >= end || *p++ != ',') return 0;
+    int negative = p < end && *p == '-';
+    if (negative) p++;
+    if ((p = plain_number(p, end, &number)) == NULL || number > (unsigned long long)LLONG_MAX || (negative && !number))
+        return 0;
+    *mtime = negative ? -(long long)number : (long long)number;
+    if (end - p != 2 + 32 + 2 || p[0] != ',' || p[1] != '"' || p[34] != '"' || p[35] != ']') return 0;
+    for (int b = 0; b < 16; b++) {
+        int high = hex_value((unsigned char)p[2 + 2 * b]), low = hex_value((unsigned char)p[3 + 2 * b]);
+        if (high < 0 || low < 0) return 0;
+        digest[b] = (unsigned char)(high << 4 | low);
+    }
+    PyObject *text = PyUnicode_DecodeUTF8(path, path_length, "surrogateescape");
+    if (text == NULL) return -1;
+    int failed = PyList_Append(paths, text);
+    Py_DECREF(text);
+    return failed ? -1 : 1;
+}
+
+static PyObject *entry_columns(PyObject *self, PyObject *lines) {
+    (void)self;
+    if (!PyList_Check(lines)) {
+        PyErr_SetString(PyExc_TypeError, "entry_columns: lines must be a list of bytes");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(lines);
+    PyObject *paths = PyList_New(0);
+    PyObject *sizes = PyBytes_FromStringAndSize(NULL, 8 * count);
+    PyObject *mtimes = PyBytes_FromStringAndSize(NULL, 8 * count);
+    PyObject *digests = PyBytes_FromStringAndSize(NULL, 16 * count);
+    PyObject *result = NULL;
+    if (paths == NULL || sizes == NULL || mtimes == NULL || digests == NULL) goto done;
+    unsigned long long *size = (unsigned long long *)PyBytes_AS_STRING(sizes);
+    long long *mtime = (long long *)PyBytes_AS_STRING(mtimes);
+    unsigned char *digest = (unsigned char *)PyBytes_AS_STRING(digests);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *line = PyList_GET_ITEM(lines, i);
+        if (!PyBytes_Check(line)) {
+            PyErr_SetString(PyExc_TypeError, "entry_columns: lines must be a list of bytes");
+            goto done;
+        }
+        int parsed = plain_entry(PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line), paths, size + i, mtime + i,
+                                 digest + 16 * i);
+        if (parsed < 0) goto done;
+        if (parsed == 0) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    result = PyTuple_Pack(4, paths, sizes, mtimes, digests);
+done:
+    Py_XDECREF(paths);
+    Py_XDECREF(sizes);
+    Py_XDECREF(mtimes);
+    Py_XDECREF(digests);
     return result;
 }

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 #: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
 #: built from other sources (an install upgraded over an earlier ``make native``) is not used.
-INTERFACE = 20
+INTERFACE = 21
 
 #: why the extension is not loaded, when it is not
 NOT_BUILT = "not built: install with a C compiler, or make native in a checkout"
@@ -243,6 +243,17 @@ def entry_lines(table: Table) -> bytes | None:
     assert _native is not None, "the native extension is not built"
     lines: bytes | None = _native.entry_lines(table.paths, table.sizes, table.mtimes, table.digests)
     return lines
+
+
+def entry_columns(lines: list[bytes]) -> tuple[list[str], bytes, bytes, bytes] | None:
+    """A batch of a manifest's entry lines parsed in C (native/manifestlines.c): the paths,
+    and the sizes, mtimes and digests as packed bytes (8, 8 and 16 an entry), the values
+    :func:`dsagent.format.manifest.read_manifest_stream`'s json path reads. None when any
+    line is not in the plain form the writer gives a path needing no escape (that path
+    parses the batch, and says what is wrong with it)."""
+    assert _native is not None, "the native extension is not built"
+    columns: tuple[list[str], bytes, bytes, bytes] | None = _native.entry_columns(lines)
+    return columns
 
 
 def digest_records(paths: list[str], sizes: array[int], digests: bytes) -> bytes | None:

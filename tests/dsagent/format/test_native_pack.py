@@ -430,6 +430,64 @@ def test_the_native_manifest_lines_are_the_python_lines(
     assert lines == want
 
 
+_DAMAGE = st.sampled_from(list(b'"\\,[]-0 9aAf\x00\x1f\x7f\x80\xff\n'))
+
+
+@given(
+    rows=st.lists(
+        st.tuples(
+            _TEXT | st.sampled_from(["caf\udce9.jpg", "\udcff", "a\udcc3"]),  # surrogates: bytes not UTF-8
+            st.integers(min_value=0, max_value=2**64 - 1) | st.sampled_from([0, 10**18, 10**19 - 1, 10**19]),
+            st.integers(min_value=-(2**63), max_value=2**63 - 1) | st.sampled_from([-1, 1795933368022222502]),
+            st.binary(min_size=16, max_size=16),
+        ),
+        min_size=1,  # the reader hands on no empty batch
+        max_size=12,
+    ),
+    damage=st.lists(
+        st.tuples(st.integers(min_value=0), st.sampled_from(["put", "insert", "drop"]), _DAMAGE), max_size=3
+    ),
+)
+def test_the_native_entry_columns_are_what_json_reads(
+    extension: ModuleType, rows: list[tuple[str, int, int, bytes]], damage: list[tuple[int, str, int]]
+) -> None:
+    """The C parse of a batch of lines, as written and damaged: None (json's to parse), or
+    the values json reads of a batch the reader's checks find well formed; every batch of
+    lines as written whose paths need no escape is the C parse's."""
+    from dsagent.format.manifest import _BodyChecks, _entry_line, _parse_batch
+
+    lines = [_entry_line(p, s, m, d.hex()).encode("utf-8", "surrogateescape") for p, s, m, d in rows]
+    for at, how, byte in damage:
+        if not lines:
+            break
+        line = bytearray(lines[at % len(lines)])
+        spot = at % (len(line) + 1)
+        if how == "insert":
+            line[spot:spot] = bytes([byte])
+        elif line:
+            line[spot % len(line) : spot % len(line) + 1] = b"" if how == "drop" else bytes([byte])
+        lines[at % len(lines)] = bytes(line)
+    columns = extension.entry_columns(lines)
+    plain = all(not any(c in p for c in '"\\') and min(map(ord, p), default=32) >= 32 for p, _, _, _ in rows)
+    if not damage and plain and all(s < 10**19 for _, s, _, _ in rows):
+        assert columns is not None
+    if columns is None:
+        return
+    paths, sizes, mtimes, digests = _parse_batch(lines)  # json reads it, without an error
+    assert _BodyChecks().batch((paths, sizes, mtimes, digests))  # and the reader finds it well formed
+    assert columns[0] == paths
+    assert array("Q", columns[1]).tolist() == sizes and array("q", columns[2]).tolist() == mtimes
+    assert columns[3] == bytes.fromhex("".join(digests))
+
+
+def test_entry_columns_refuses_what_is_not_lines(extension: ModuleType) -> None:
+    with pytest.raises(TypeError, match="list of bytes"):
+        extension.entry_columns(("x",))
+    with pytest.raises(TypeError, match="list of bytes"):
+        extension.entry_columns(["x"])
+    assert extension.entry_columns([]) == ([], b"", b"", b"")
+
+
 @given(
     rows=st.lists(
         st.tuples(
