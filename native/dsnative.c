@@ -67,6 +67,16 @@ static void canonical(xxh128_hash h, unsigned char *out) {
 }
 
 /* A stat time in nanoseconds, as os.stat_result's st_*_ns give it. */
+/* value as exactly `digits` octal digits, zero-padded, at out (no NUL): what "%0*llo" prints
+ * for a value below 8^digits (the tar headers' fields), without printf's cost per field (a
+ * small file's header is three of them). */
+static void octal_into(unsigned char *out, unsigned long long value, int digits) {
+    for (int k = digits - 1; k >= 0; k--) {
+        out[k] = (unsigned char)('0' + (value & 7));
+        value >>= 3;
+    }
+}
+
 static long long ns_of(struct timespec t) {
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }

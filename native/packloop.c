@@ -87,18 +87,15 @@ static void plain_header(TarReader *r, Py_ssize_t i) {
     memcpy(h, r->tmpl, 512);
     memset(h, 0, 100);
     memcpy(h, r->name_ptr[i], (size_t)r->name_len[i]);
-    char field[16];
-    snprintf(field, sizeof field, "%011llo", r->sizes[i]);
-    memcpy(h + 124, field, 11);
+    /* a plain member's size and mtime fit 11 octal digits (else its header is special) */
+    octal_into(h + 124, r->sizes[i], 11);
     h[135] = 0;
-    snprintf(field, sizeof field, "%011llo", (unsigned long long)(r->mtimes[i] / 1000000000LL));
-    memcpy(h + 136, field, 11);
+    octal_into(h + 136, (unsigned long long)(r->mtimes[i] / 1000000000LL), 11);
     h[147] = 0;
     memset(h + 148, ' ', 8);
     unsigned long sum = 0;
     for (int k = 0; k < 512; k++) sum += h[k];
-    snprintf(field, sizeof field, "%06lo", sum);
-    memcpy(h + 148, field, 6);
+    octal_into(h + 148, sum, 6); /* at most 512 x 255: 6 octal digits */
     h[154] = 0;
     h[155] = ' ';
 }

@@ -106,9 +106,9 @@ static int plain_next(Unpacker *u, const unsigned char *b, unsigned long long *s
     unsigned long sum = 8 * ' ';
     for (int i = 0; i < 148; i++) sum += b[i];
     for (int i = 156; i < 512; i++) sum += b[i];
-    char want[8];
-    snprintf(want, sizeof want, "%06lo", sum);
-    if (strlen(want) != 6 || memcmp(b + 148, want, 6) != 0 || b[154] != 0 || b[155] != ' ') return 0;
+    unsigned char want[6];
+    octal_into(want, sum, 6); /* at most 512 x 255: 6 octal digits */
+    if (memcmp(b + 148, want, 6) != 0 || b[154] != 0 || b[155] != ' ') return 0;
     size_t n = 100;
     while (n > 0 && b[n - 1] == 0) n--;
     if (n == 0) return 0;
