@@ -280,6 +280,11 @@ def _first_unsafe_of(paths: Sequence[str]) -> str | None:
     return None
 
 
+def parent_dirs(paths: Sequence[str]) -> set[str]:
+    """The directory each of ``paths`` is in ("" at the top): not their ancestors."""
+    return native.parents(paths) if native.AVAILABLE else {path.rpartition("/")[0] for path in paths}
+
+
 def check_layout(paths: Sequence[str], directories: Sequence[str]) -> None:
     """Raise :class:`InvalidInput` unless paths are safe, unique, and no file is also a directory.
 
@@ -296,7 +301,7 @@ def check_layout(paths: Sequence[str], directories: Sequence[str]) -> None:
     bad = _first_unsafe(list(directories))
     if bad is not None:
         raise InvalidInput(f"unsafe directory in dataset: {bad!r}")
-    parents = native.parents(paths) if native.AVAILABLE else {path.rpartition("/")[0] for path in paths}
+    parents = parent_dirs(paths)
     parents.update(path.rpartition("/")[0] for path in directories)
     expanded = set()
     for parent in parents:

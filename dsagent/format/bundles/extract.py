@@ -60,6 +60,7 @@ from dsagent.errors import (
 )
 from dsagent.format import native as native_loops
 from dsagent.format.durable import Writeback, WritebackError, syncfs, writeback_for
+from dsagent.format.entries import parent_dirs
 from dsagent.format.manifest import (
     BundleRef,
     EntryTable,
@@ -133,8 +134,8 @@ class _Staging:
         if in_place is not None:
             self.root = dest_dir
             made: set[str] = {""}
-            for path in in_place.paths:
-                _ensure_real_dir(dest_dir, path.rpartition("/")[0], made)
+            for parent in sorted(parent_dirs(in_place.paths)):  # a folder before those in it
+                _ensure_real_dir(dest_dir, parent, made)
             self._names: list[str] | None = in_place.paths
             self._prefix = f"{self.root}/"
             return
