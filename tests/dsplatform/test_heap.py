@@ -33,17 +33,23 @@ def test_a_collector_turned_off_by_the_embedding_stays_off() -> None:
 
 def test_a_manifest_is_parsed_with_the_collector_off(monkeypatch: pytest.MonkeyPatch) -> None:
     from dsagent.format import manifest as manifest_module
+    from dsagent.format import native
     from dsagent.format.entries import FileEntry
     from dsagent.format.manifest import Manifest, decode_manifest
 
     seen: list[bool] = []
-    parse = manifest_module._parse_batch
 
-    def watched(lines: list[bytes]) -> object:
-        seen.append(gc.isenabled())
-        return parse(lines)
+    def watch(module: object, name: str) -> None:  # the json parse, and the C one where it is built
+        parse = getattr(module, name)
 
-    monkeypatch.setattr(manifest_module, "_parse_batch", watched)
+        def watched(lines: list[bytes]) -> object:
+            seen.append(gc.isenabled())
+            return parse(lines)
+
+        monkeypatch.setattr(module, name, watched)
+
+    watch(manifest_module, "_parse_batch")
+    watch(native, "entry_columns")
     entries = [FileEntry(f"f{i:03d}", i, 0, f"{i:032x}") for i in range(10)]
     made = Manifest.create("ds", entries)
     assert decode_manifest(made.to_bytes()).digest == made.digest
