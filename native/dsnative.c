@@ -14,9 +14,10 @@
  * The one-pass pack's serial steps are here too: list_dirs (listdir.c), plan_cuts (plan.c)
  * and entry_lines and digest_records (manifestlines.c), each giving exactly what its Python
  * rule gives; the manifest reader's entry_columns (manifestlines.c: the plain lines, values
- * as json reads them, anything else left to it); and, in its pipeline, the samples its blocks are judged by, the zero runs
- * of the tar framing and the raw frames that store them as RLE blocks (probe.c), each
- * byte for byte what dsagent.format.bundles.frames makes in Python.
+ * as json reads them, anything else left to it); and, in its pipeline, the samples its
+ * blocks are judged by, the zero runs of the tar framing and the raw frames that store them
+ * as RLE blocks (probe.c), each byte for byte what dsagent.format.bundles.frames makes in
+ * Python.
  *
  * xxh3 is compiled in from the vendored xxHash (native/vendor/xxhash/: the release the
  * xxhash Python package of the lock is built from, so both paths hash with the same code).

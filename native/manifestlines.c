@@ -171,8 +171,9 @@ done:
  * parsed in one pass, when every line is in the form entry_lines writes and needs no JSON
  * escape: ["PATH",SIZE,MTIME,"DIGEST"], PATH's bytes none of '"', '\\' or below 0x20, SIZE
  * digits and MTIME an optional '-' and digits (no leading zero, at most 19 digits, an mtime
- * within int64 and not "-0"), DIGEST 32 lowercase hex digits, nothing else on the line. paths: a list of str,
- * each decoded as the Python parse decodes it (UTF-8, bytes that are not as surrogates);
+ * within int64 and not "-0"), DIGEST 32 lowercase hex digits, nothing else on the line.
+ * paths: a list of str, each decoded as the Python parse decodes it (UTF-8, bytes that are
+ * not as surrogates);
  * sizes and mtimes: 8 native bytes an entry (array('Q') and array('q')); digests: 16 raw
  * bytes an entry. None when any line is in another form: the caller's json path parses the
  * whole batch (its values, its errors), so what this accepts is a subset of what json reads,
