@@ -457,15 +457,14 @@ def test_the_native_entry_columns_are_what_json_reads(
     from dsagent.format.manifest import _BodyChecks, _entry_line, _parse_batch
 
     lines = [_entry_line(p, s, m, d.hex()).encode("utf-8", "surrogateescape") for p, s, m, d in rows]
-    for at, how, byte in damage:
-        if not lines:
-            break
+    for at, how, byte in damage:  # a line is never emptied: it holds more than 3 bytes
         line = bytearray(lines[at % len(lines)])
-        spot = at % (len(line) + 1)
         if how == "insert":
+            spot = at % (len(line) + 1)
             line[spot:spot] = bytes([byte])
-        elif line:
-            line[spot % len(line) : spot % len(line) + 1] = b"" if how == "drop" else bytes([byte])
+        else:
+            spot = at % len(line)
+            line[spot : spot + 1] = b"" if how == "drop" else bytes([byte])
         lines[at % len(lines)] = bytes(line)
     columns = extension.entry_columns(lines)
     plain = all(not any(c in p for c in '"\\') and min(map(ord, p), default=32) >= 32 for p, _, _, _ in rows)
