@@ -8,9 +8,9 @@ Runs ``run.py``'s simulation of :data:`POLICIES` on each workload of :data:`WORK
 (``tools/sim/workloads/results-*.json``, shapes the presets have and ones they do not),
 writing one JSON per workload into ``--out`` (the same document as ``run.py --json``:
 the workload, the rates with their sources, what caps changed in the input, every
-policy's figures). Then writes ``--doc`` (``docs/results-cluster.md``) and the table
-against Fluid into ``--readme``'s block between :data:`BEGIN` and :data:`END` from those JSON
-files alone: per workload a table of the figures with each baseline's model and rates
+policy's figures). Then writes ``--doc`` (``docs/results-cluster.md``) and the held-out
+runs in words and as a table into ``--readme``'s block between :data:`BEGIN` and :data:`END`
+from those JSON files alone: per workload a table of the figures with each baseline's model and rates
 beside it, then the claims, each stated only if it holds on every workload (at least
 three), the workloads where ours loses named, and a policy that is best on one workload
 only labelled experimental. With ``--seeds``, each workload runs again at those seeds
@@ -188,6 +188,187 @@ def seeds_summary(docs: Mapping[str, Mapping[str, Any]]) -> str:
     )
 
 
+#: how the README's prose names a held-out workload (:func:`seeds_prose`): alone ("on small
+#: caches") and before "run" ("on one small-cache run"); any other workload by its own name
+GROUPS: dict[str, tuple[str, str]] = {
+    "results-base": ("base", "base"),
+    "results-multi-tb": ("multi-TB", "multi-TB"),
+    "results-churn": ("churn", "churn"),
+    "results-tight": ("small caches", "small-cache"),
+}
+#: a workload on which ours meets the idle goal on every run is named with its figures only
+#: where the best rival idles at least this many GPU-hours on one of them: below, whole
+#: GPU-hours show nothing to compare
+IDLE_SHOWN_FROM_H = 2.0
+_COUNTS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve")
+_SYSTEMS = {"fluid": "Fluid", "juicefs": "JuiceFS"}
+
+# one held-out run on one goal: (workload, ratio or own figure, ours, the best rival's, that rival, met)
+_Run = tuple[str, float, float, float, str, bool]
+
+
+def _num(v: float) -> str:
+    """A figure in the prose: whole from 1 up, one decimal below, one significant digit below 0.1."""
+    if round(v, 1) >= 1:
+        return f"{v:.0f}"
+    if round(v, 1) >= 0.1:
+        return f"{v:.1f}"
+    return f"{v:.1g}"
+
+
+def _times(ratio: float) -> str:
+    """A ratio without its ``x``: two decimals, four where two would read 1.00 (as :func:`goal_cell`)."""
+    return f"{ratio:.{4 if f'{ratio:.2f}' == '1.00' and ratio != 1.0 else 2}f}"
+
+
+def _span(values: list[float], fmt: Callable[[float], str]) -> str:
+    lo, hi = fmt(min(values)), fmt(max(values))
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _count(k: int) -> str:
+    return _COUNTS[k] if k < len(_COUNTS) else str(k)
+
+
+def _group(docs: Mapping[str, Mapping[str, Any]], wname: str) -> str:
+    return str(docs[wname].get("workload_file") or wname.rsplit(" seed ", 1)[0])
+
+
+def _goal_runs(docs: Mapping[str, Mapping[str, Any]], label: str) -> list[_Run]:
+    """Every held-out run (:func:`goal_ratios`) on the goal labelled ``label``."""
+    index = [g[0] for g in GOALS].index(label)
+    _, name, rivals, _ = GOALS[index]
+    out = []
+    for wname, mine, cells in goal_ratios(docs):
+        value, best, met = cells[index]
+        by = docs[wname]["policies"]
+        if rivals is None:
+            out.append((_group(docs, wname), value, value, math.nan, "", met))
+        elif best:
+            get = METRIC[name][2]
+            out.append((_group(docs, wname), value, get(by[mine]), get(by[best]), best, met))
+    return out
+
+
+def _misses(runs: list[_Run], values: Callable[[list[_Run], bool], str]) -> list[str]:
+    """Per workload with a miss, most misses first: ``values`` of its missed runs (a range
+    where every one of its several runs missed) and where ("on small caches", "on two
+    multi-TB runs")."""
+    groups = list(dict.fromkeys(r[0] for r in runs))
+    missed = {g: [r for r in runs if r[0] == g and not r[5]] for g in groups}
+    items = []
+    for g in sorted((g for g in groups if missed[g]), key=lambda g: -len(missed[g])):
+        label, adjective = GROUPS.get(g, (g, g))
+        k = len(missed[g])
+        whole = k > 1 and k == sum(1 for r in runs if r[0] == g)
+        where = label if whole else f"{_count(k)} {adjective} run{'s' if k > 1 else ''}"
+        items.append(f"{values(missed[g], whole)} on {where}")
+    return items
+
+
+def _against(unit: str, each: bool) -> Callable[[list[_Run], bool], str]:
+    """Ours' figures against the best rival's, ``unit`` after both sides (``each``) or ours only."""
+
+    def values(runs: list[_Run], whole: bool) -> str:
+        ours = _span([r[2] for r in runs], _num) if whole else _and([_num(r[2]) for r in runs])
+        theirs = _span([r[3] for r in runs], _num) if whole else _and([_num(r[3]) for r in runs])
+        return f"{ours}{unit} against {theirs}{unit if each else ''}"
+
+    return values
+
+
+def _ratios(runs: list[_Run], whole: bool) -> str:
+    return f"{_span([r[1] for r in runs], _times)}x" if whole else _and([f"{_times(r[1])}x" for r in runs])
+
+
+def _over(runs: list[_Run], whole: bool) -> str:
+    def pct(r: float) -> str:
+        return _num((r - 1) * 100)
+
+    return f"{_span([r[1] for r in runs], pct)}%" if whole else _and([f"{pct(r[1])}%" for r in runs])
+
+
+def _jobs(runs: list[_Run], whole: bool) -> str:
+    return f"{_span([r[1] for r in runs], _num) if whole else _and([_num(r[1]) for r in runs])} split jobs"
+
+
+def _idle_met(runs: list[_Run]) -> list[str]:
+    """Per workload on which ours meets the idle goal on every run and the best rival idles
+    at least :data:`IDLE_SHOWN_FROM_H`: ours' range and the rival system's."""
+    items: list[str] = []
+    for g in dict.fromkeys(r[0] for r in runs):
+        mine = [r for r in runs if r[0] == g]
+        if not all(r[5] for r in mine) or max(r[3] for r in mine) < IDLE_SHOWN_FROM_H:
+            continue
+        systems = {_SYSTEMS.get(r[4].split("+")[0].split("-")[0], r[4]) for r in mine}
+        rival = systems.pop() if len(systems) == 1 else "the best rival"
+        first = not items
+        items.append(
+            f"{GROUPS.get(g, (g, g))[0]}{':' if first else ''} {_span([r[2] for r in mine], _num)}"
+            f"{' GPU-hours' if first else ''}, {rival} {_span([r[3] for r in mine], _num)}"
+        )
+    return items
+
+
+def _detail(items: list[str]) -> str:
+    if not items:
+        return ""
+    return " (" + ("; " if any(", " in i for i in items) else ", ").join(items) + ")"
+
+
+def seeds_prose(docs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The held-out runs (:func:`run_seeds` at :data:`CLAIM_SEEDS`) in a paragraph, one
+    sentence an item: on how many ours meets each goal, the ratios' range where it meets it
+    on all, and where it misses by how much (a store miss as the share over, a miss in time
+    or idle GPUs as both figures); the README's block starts with it. None where there are
+    no runs."""
+    n = len(goal_ratios(docs))
+    if not n:
+        return []
+
+    def on(runs: list[_Run]) -> str:
+        met = sum(1 for r in runs if r[5])
+        return f"on all {n}" if met == len(runs) == n else f"on {met}"
+
+    split = _goal_runs(docs, "avoidable split jobs = 0")
+    split_met = sum(1 for r in split if r[5])
+    local = _goal_runs(docs, "local bytes >= 1.5x best Fluid")
+    if all(r[5] for r in local):
+        local_detail = _detail([f"{_span([r[1] for r in local], _times)}x"])
+    else:
+        local_detail = _detail(_misses(local, _ratios))
+    jct = _goal_runs(docs, "JCT <= 1.0x")
+    idle = _goal_runs(docs, "GPU-h idle <= 1.0x")
+    idle_met = _idle_met(idle)
+    idle_missed = _misses(idle, _against("" if idle_met else " GPU-hours", False))
+    store = _goal_runs(docs, "store bytes <= 1.0x")
+    store_missed = sum(1 for r in store if not r[5])
+    ttfs = _goal_runs(docs, "TTFS <= 1.0x")
+    ttfs_missed = sum(1 for r in ttfs if not r[5])
+    if store_missed:
+        store_text = f"reads more from the store on {store_missed}{_detail(_misses(store, _over))}"
+    else:
+        store_text = f"reads no more from the store than any rival on all {n}"
+    if ttfs_missed:
+        ttfs_text = f"starts later on {ttfs_missed}{_detail(_misses(ttfs, _against(' s', True)))}"
+    else:
+        ttfs_text = f"starts no later than any rival on all {n}"
+    return [
+        "A miss is in bold: ours keeps every multi-worker job in one RoCE subnet when one had room for it "
+        + (f"on all {n} runs" if split_met == n else f"on {split_met} of {n} runs")
+        + _detail(_misses(split, _jobs))
+        + f" and reads at least 1.5x the best Fluid setting's local-byte fraction {on(local)}{local_detail}; "
+        f"its mean job time is at most the best rival's {on(jct)}{_detail(_misses(jct, _ratios))}.",
+        f"GPUs wait for data no longer than any rival's {on(idle)}{_detail([*idle_met, *idle_missed])}.",
+        f"It {store_text} and {ttfs_text}.",
+        "By `tools/sim/results.py`; [cluster results](docs/results-cluster.md).",
+    ]
+
+
 def best_setting(by: Mapping[str, Mapping[str, Any]], policies: tuple[str, ...], metric: Metric) -> str:
     """The setting among ``policies`` (those that ran, in ``by``) best on ``metric``."""
     _, higher, get = metric
@@ -349,13 +530,17 @@ def goal_cell(
 
 
 def with_goals(readme: str, seeded: Mapping[str, Mapping[str, Any]]) -> str:
-    """``readme`` with its block between the markers replaced by :func:`goals_table` of the
-    held-out runs (:func:`run_seeds` at :data:`CLAIM_SEEDS`) and how many meet each goal
-    (unchanged if it has no block, or there are no held-out runs)."""
+    """``readme`` with its block between the markers replaced by the held-out runs
+    (:func:`run_seeds` at :data:`CLAIM_SEEDS`) in a paragraph (:func:`seeds_prose`, a line
+    a sentence: a new run changes the lines of the sentences it changes), their
+    :func:`goals_table` and how many meet each goal (unchanged if it has no block, or there
+    are no held-out runs)."""
     start, end = readme.find(BEGIN), readme.find(END)
     if start < 0 or end < start or not seeded:
         return readme
-    lines = [BEGIN, *goals_table(seeded), "", f"Held-out seeds ({seeds_summary(seeded)}", END]
+    prose = seeds_prose(seeded)
+    lines = [BEGIN, *([*prose, ""] if prose else []), *goals_table(seeded), ""]
+    lines += [f"Held-out seeds ({seeds_summary(seeded)}", END]
     return readme[:start] + "\n".join(lines) + readme[end + len(END) :]
 
 
