@@ -4,6 +4,9 @@ and the goals are counted against every rival setting."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO_ROOT
 from tools.sim import results
@@ -31,6 +34,27 @@ def test_the_readme_block_is_the_committed_held_out_runs() -> None:
     assert all(doc.get("product_policy") == PRODUCT_POLICY for doc in seeded.values())
     expected = results.with_goals(readme, seeded)
     assert expected == readme, "re-run: python tools/sim/results.py --render-only"
+    # the held-out figures in words are the block's too: written inside it, nowhere else by hand
+    block = readme[readme.index(results.BEGIN) : readme.index(results.END)]
+    for sentence in results.seeds_prose(seeded):
+        assert sentence in block and readme.count(sentence) == 1
+    assert readme.count("GPUs wait for data") == 1 and readme.count("reads more from the store") == 1
+
+
+def test_re_rendering_from_the_committed_runs_simulates_nothing_and_writes_the_committed_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_run(*_: object, **__: object) -> None:
+        raise AssertionError("a run was simulated although its JSON is committed")
+
+    monkeypatch.setattr(results, "run_all", no_run)
+    readme = tmp_path / "README.md"
+    readme.write_text((REPO_ROOT / "README.md").read_text())
+    page = tmp_path / "results-cluster.md"
+    args = ["--workloads", ",".join(results.WORKLOADS), "--procs", "2", "--doc", str(page), "--readme", str(readme)]
+    assert results.main(args) == 0
+    assert readme.read_text() == (REPO_ROOT / "README.md").read_text()
+    assert page.read_text() == (REPO_ROOT / "docs" / "results-cluster.md").read_text(), "re-run results.py"
 
 
 def test_claims_are_only_measured_on_seeds_no_choice_was_made_on() -> None:
@@ -104,3 +128,49 @@ def test_a_job_split_across_subnets_it_could_have_avoided_misses_its_goal() -> N
     doc["policies"][PRODUCT_POLICY]["jobs_across_subnets_avoidable"] = 2  # type: ignore[index]
     [(_, _, cells)] = results.goal_ratios({"w": doc})
     assert cells[-1] == (2, "", False)
+
+
+def _run(name: str, **ratios: float) -> dict[str, object]:
+    doc = _seeded(**{"store": 1.0, "local": 2.0, "ttfs": 0.5, **ratios})
+    doc["workload_file"] = name
+    return doc
+
+
+def test_the_held_out_prose_counts_ranges_and_misses_come_from_the_runs() -> None:
+    seeded = {
+        "results-base seed 2": _run("results-base", idle=0.2),
+        "results-base seed 3": _run("results-base", local=3.0, idle=0.4, jct=1.01),
+        "results-tight seed 2": _run("results-tight", store=1.05, idle=3.0),
+    }
+    assert results.seeds_prose(seeded) == [
+        "A miss is in bold: ours keeps every multi-worker job in one RoCE subnet when one had room for it on all 3 "
+        "runs and reads at least 1.5x the best Fluid setting's local-byte fraction on all 3 (2.00-3.00x); its mean "
+        "job time is at most the best rival's on 2 (1.01x on one base run).",
+        "GPUs wait for data no longer than any rival's on 2 (base: 2-4 GPU-hours, Fluid 10; 30 against 10 on one "
+        "small-cache run).",
+        "It reads more from the store on 1 (5% on one small-cache run) and starts no later than any rival on all 3.",
+        "By `tools/sim/results.py`; [cluster results](docs/results-cluster.md).",
+    ]
+    # other figures, other words: a miss where there was none, a whole workload missing, a later start
+    seeded["results-base seed 2"] = _run("results-base", local=1.2, idle=0.2, ttfs=1.56)
+    seeded["results-tight seed 3"] = _run("results-tight", store=1.07, idle=5.0)
+    seeded["results-base seed 3"]["policies"][PRODUCT_POLICY]["jobs_across_subnets_avoidable"] = 2  # type: ignore[index]
+    prose = " ".join(results.seeds_prose(seeded))
+    assert "subnet when one had room for it on 3 of 4 runs (2 split jobs on one base run)" in prose
+    assert "local-byte fraction on 3 (1.20x on one base run);" in prose
+    assert "GPUs wait for data no longer than any rival's on 2 (base: 2-4 GPU-hours, Fluid 10; 30-50 against 10 on " \
+        "small caches)." in prose  # fmt: skip
+    assert "reads more from the store on 2 (5-7% on small caches)" in prose
+    assert "starts later on 1 (78 s against 50 s on one base run)" in prose
+    assert results.with_goals(f"{results.BEGIN}\n{results.END}\n", seeded).startswith(
+        f"{results.BEGIN}\n{results.seeds_prose(seeded)[0]}\n"
+    )
+
+
+def test_a_workload_whose_rivals_barely_idle_gpus_is_not_named_with_its_idle_figures() -> None:
+    runs = {"results-churn seed 2": _run("results-churn", idle=0.01)}
+    for figures in runs["results-churn seed 2"]["policies"].values():  # type: ignore[attr-defined]
+        figures["gpu_hours_idle_for_data"] /= 10  # the rivals idle 1 GPU-hour, ours 0.001
+    assert "GPUs wait for data no longer than any rival's on all 1." in results.seeds_prose(runs)
+    runs["results-churn seed 2"] = _run("results-churn", idle=0.01)  # the rivals idle 10 GPU-hours
+    assert "on all 1 (churn: 0.1 GPU-hours, Fluid 10)." in results.seeds_prose(runs)[1]
