@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from scheduling.timemodel import JobProfile
+from tools.sim.cluster import CacheEntry
 from tools.sim.engine import ClusterParams, Simulation
 from tools.sim.stripereads import parts_held
 from tools.sim.workload import Dataset, Job
@@ -114,3 +115,42 @@ def test_a_whole_copy_takes_what_several_partial_copies_hold_between_them() -> N
     assert sim.storage_bytes == pytest.approx(SIZE, rel=1e-6)
     assert sim.storage_by_cause["refetch"] == pytest.approx(0.0, abs=1.0)
     assert sim.peer_bytes == pytest.approx((0.3 * 0.3 + 0.51) * SIZE, rel=1e-6)
+
+
+def _store_reads_by_node(sim: Simulation) -> dict[int, float]:
+    """Bytes each node is asked to read from the store, filled in as ``sim`` runs."""
+    stored: dict[int, float] = {}
+    created = sim._new_fetch
+
+    def counted(node, key, size, **kw):  # type: ignore[no-untyped-def]
+        if kw.get("source", "storage") == "storage":
+            stored[node.index] = stored.get(node.index, 0.0) + size
+        return created(node, key, size, **kw)
+
+    sim._new_fetch = counted  # type: ignore[method-assign]
+    return stored
+
+
+def test_a_jobs_nodes_holding_part_of_the_version_copy_the_rest_together_with_the_others() -> None:
+    # two of a four-node job's nodes hold 0.25 of the version each (earlier jobs read part of
+    # an epoch there); the job reads two epochs. As the agents' swarm fetches it, every node
+    # fetching the version takes its own share of the bundles none holds: the two partial
+    # copies top up beside the two empty nodes, each of the four reads a quarter of what is
+    # missing from the store, and the bytes the partial copies hold come from them (not all
+    # of it read by one node, the other three taking it from that node as it comes in)
+    key = ("d", 0)
+    params = replace(
+        ClusterParams(nodes=4, node_types=A100, cache_bytes=TB, storage_bw=1e10, node_fetch_bw=1e10), epochs=2.0
+    )
+    job = Job(0, 0.0, 4, 8, "d", 2000.0, JobProfile(1.0, 1.0, 16_000, deadline=1e9))
+    sim = Simulation("ours+stripe+early", [job], [Dataset("d", SIZE, (0.0,))], params, seed=3)
+    for i in (0, 1):
+        sim.nodes[i].cache[key] = CacheEntry("d", 0, SIZE, 0.0, ready=True, part=0.25)
+    stored = _store_reads_by_node(sim)
+    sim.run()
+    assert {w.node.index for w in sim.outcomes[0].workers} == {0, 1, 2, 3}
+    missing = (1 - parts_held([0.25, 0.25])) * SIZE
+    assert sim.storage_bytes == pytest.approx(missing, rel=1e-6), "each missing byte from the store once"
+    assert sorted(stored) == [0, 1, 2, 3], "every node fetching the version reads its share from the store"
+    assert max(stored.values()) == pytest.approx(missing / 4, rel=1e-6)
+    assert all(sim.nodes[i].cache[key].ready and sim.nodes[i].cache[key].part == 1.0 for i in range(4))

@@ -94,6 +94,9 @@ class CacheEntry:
     # of the version, the part on its disk: a copy whose store reads wait for readers
     # (``ours+stripe+early``, the agent's storeOnDemand) holds what its jobs have read
     part: float = 1.0
+    # of a copy holding part of the version while it fetches more of it (``_top_up``): the
+    # part on its disk already, which its peers read from it as the agents' swarm does
+    landed: float = 0.0
 
     @property
     def in_use(self) -> bool:

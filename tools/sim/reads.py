@@ -193,7 +193,7 @@ class Reads(StripeReads):
         more = head * (1.0 - entry.part)
         if more * entry.size <= 1.0:
             return
-        entry.ready = False
+        entry.ready, entry.landed = False, entry.part
         size = self._from_parts(node, key, math.ceil(more * entry.size), None)
         self._fetch_version(node, key, size, cached=True, waiter=None, top_up=True)
         entry.part = min(1.0, entry.part + more)
@@ -270,8 +270,9 @@ class Reads(StripeReads):
                     after=None if seeds else filling,
                 )  # fmt: skip
             else:
-                # its own part: other nodes' partial copies first (unless asked above), then the store
-                stored = own if parted else self._from_parts(node, key, own, None)
+                # its own part: other nodes' partial copies first (unless asked above, or by the
+                # top-up that called), then the store
+                stored = own if parted or top_up else self._from_parts(node, key, own, None)
                 after = self._new_fetch(node, key, stored, cached=cached, waiter=None, unpack=True, part=True)
             source, sources, size = "peer", tuple(m for m in team if m != node.index), size - own
         elif seeds and (grouped := self._group_bytes(key, node))[0] > 1.0:
@@ -332,16 +333,31 @@ class Reads(StripeReads):
         return not fetch.part and held is not None and not held.stripe and held.part >= 1.0
 
     def _copy_team(self, out: Outcome, key: tuple[str, int], size: int) -> None:
-        """The job's nodes that will copy the version whole together, none holding it yet: as
-        the controller places them (:func:`dsagent.policy.holding.choose_placement`: the job's
-        nodes a version fits are members holding it whole), each owns a part of its bundles,
+        """The job's nodes that will copy the version whole together, those holding none of it
+        and those whose copy holds part of it (:meth:`_tops_up_or_lacks`): as the controller
+        places them (:func:`dsagent.policy.holding.choose_placement`: the job's nodes a
+        version fits are members holding it whole), each owns a part of its bundles,
         reads that part from the nodes holding the version ready (the earlier members), else
         the store, and the rest from the other members (docs/design-striping.md#holding)."""
         nodes = [self.nodes[i] for i in dict.fromkeys(w.node.index for w in out.workers)]
-        team = tuple(n.index for n in nodes if key not in n.cache and self._held_as(n, key, size) is not SHARE)
+        head = min(1.0, out.epochs * out.remaining)
+        team = tuple(
+            n.index for n in nodes if self._tops_up_or_lacks(n, key, head) and self._held_as(n, key, size) is not SHARE
+        )
         if len(team) > 1:
             for i in team:
                 self.copy_team[(i, key)] = team
+
+    def _tops_up_or_lacks(self, node: Node, key: tuple[str, int], head: float) -> bool:
+        """Whether ``node`` fetches version ``key`` when a job reading ``head`` of it in its
+        first epoch starts there: it holds none of it, or (``+early``) a copy holding part of
+        it, whose agent fetches the rest of what the job reads (:meth:`_top_up`) in the same
+        swarm as the job's other nodes (``dsagent/cache/peers/swarm.py``: every agent fetching
+        the version takes its own rotation of the bundles it lacks)."""
+        entry = node.cache.get(key)
+        if entry is None:
+            return True
+        return self.early and entry.ready and not entry.stripe and head * (1.0 - entry.part) * entry.size > 1.0
 
     def _group_bytes(self, key: tuple[str, int], node: Node) -> tuple[float, tuple[int, ...]]:
         """Bytes of the version its group's other members hold on disk, and those members."""

@@ -142,14 +142,19 @@ class StripeReads(Flows):
 
     def _partial_copies(self, node: Node, key: tuple[str, int]) -> dict[int, float]:
         """Other nodes' copies holding part of version ``key`` (a whole copy whose jobs read
-        part of an epoch under ``storeOnDemand``), by the part each holds."""
+        part of an epoch under ``storeOnDemand``), by the part each holds: a ready one's, and
+        what one fetching more of it held before (``landed``)."""
         if not self.params.peers:
             return {}
-        return {
-            n.index: e.part
-            for n in self.nodes
-            if n.index != node.index and (e := n.cache.get(key)) is not None and e.ready and not e.stripe and e.part > 0
-        }
+        parts = {}
+        for n in self.nodes:
+            e = n.cache.get(key)
+            if n.index == node.index or e is None or e.stripe:
+                continue
+            held = e.part if e.ready else e.landed
+            if held > 0:
+                parts[n.index] = held
+        return parts
 
     def _replan_whole(self) -> None:
         """The controller's pass over the versions read through a group: a job's node the
