@@ -121,6 +121,9 @@ def test_two_runs_that_both_start_at_once_are_equal_on_time_to_first_step() -> N
     assert cells[2][0] == float("inf") and not cells[2][2]
     [row] = [line for line in results.goals_table({"w": late}) if line.startswith("| w |")]
     assert "**3 s against 0 s (fluid-r1)**" in row and "inf" not in row
+    late["policies"][PRODUCT_POLICY]["ttfs_mean_s"] = 0.4  # type: ignore[index]
+    [row] = [line for line in results.goals_table({"w": late}) if line.startswith("| w |")]
+    assert "**0.4 s against 0 s (fluid-r1)**" in row, "a miss under a second does not read as a tie"
 
 
 def test_a_job_split_across_subnets_it_could_have_avoided_misses_its_goal() -> None:

@@ -550,10 +550,15 @@ def _fmt(metric: str, v: float) -> str:
     if metric == "store bytes":
         return f"{v / 1e12:.1f} TB"
     if metric in ("mean time to first step",):
-        return f"{v:.0f} s"
+        return f"{_whole(v)} s"
     if metric == "mean job time":
         return f"{v / 3600:.2f} h"
-    return f"{v:.0f}"
+    return _whole(v)
+
+
+def _whole(v: float) -> str:
+    """``v`` in whole units, or to one significant digit below one (not 0 beside a true 0)."""
+    return f"{v:.1g}" if 0 < abs(v) < 0.5 else f"{v:.0f}"
 
 
 COLS: tuple[tuple[str, Callable[[Mapping[str, Any]], str]], ...] = (
