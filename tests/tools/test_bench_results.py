@@ -50,6 +50,25 @@ def test_one_ratio_on_two_machine_sizes_is_one_row_with_a_column_each() -> None:
     ]
 
 
+def test_runs_on_as_many_cpus_of_two_models_get_a_column_each_named_by_model() -> None:
+    def run(cpus: int, cpu: str, value: float) -> dict[str, object]:
+        return {"bench": "bundle", "host": {"cpus": cpus, "cpu": cpu}, "load_start": [0.5], "load_end": [0.5],
+                "ratios": [{"name": "pack vs tar", "value": value, "goal": 1.5}]}  # fmt: skip
+
+    block = results.figures(
+        [run(2, "AMD EPYC", 1.6), run(2, "Intel(R) Xeon(R) Processor", 1.3), run(16, "Intel(R) Xeon(R) Processor", 1.1)]
+    )
+    lines = block.splitlines()
+    assert lines[1] == (
+        "| what users feel | goal | 2 CPUs, AMD EPYC (load start / end) | 2 CPUs, Intel Xeon (load start / end)"
+        " | 16 CPUs (load start / end) |"
+    )
+    # a later run on the other model does not replace the first: each machine keeps its figure
+    assert lines[3] == (
+        "| pack vs tar | 1.50x | 1.60x (met), 0.5 / 0.5 | 1.30x (not met), 0.5 / 0.5 | 1.10x (not met), 0.5 / 0.5 |"
+    )
+
+
 def test_a_run_that_leaves_rows_out_says_which_and_why_on_the_page() -> None:
     run = {"bench": "bundle", "started": "2026-01-02T03:04:05Z", "host": {"cpus": 16}, "load_start": [0.1],
            "load_end": [0.2], "ratios": [{"name": "pack vs tar", "value": 1.2, "goal": 1.5}], "rows": [],

@@ -262,13 +262,21 @@ def _cpus(run: dict[str, Any]) -> int | None:
     return cpus if isinstance(cpus, int) else None
 
 
+def _machine(run: dict[str, Any]) -> tuple[int | None, str]:
+    """The machine a run was taken on: its CPUs and its CPU model, without the makers'
+    marks ("Intel(R) Xeon(R) Processor" -> "Intel Xeon"); "" where the run does not say."""
+    model = str((run.get("host") or {}).get("cpu") or "")
+    return _cpus(run), " ".join(re.sub(r"\((R|TM)\)|\bProcessor\b|\bCPU\b", " ", model).split())
+
+
 def figures(runs: list[dict[str, Any]]) -> str:
     """The README's block: every ratio with a goal, beside it and the load it was taken at, one
-    column per machine size (CPUs) the runs were taken on; a later run of the same ratio on
-    the same size replaces an earlier one."""
-    columns = sorted({_cpus(run) for run in runs if any(r.get("goal") is not None for r in run.get("ratios", []))},
-                     key=lambda c: -1 if c is None else c)  # fmt: skip
-    rows: dict[str, tuple[float, dict[int | None, str]]] = {}
+    column per machine (CPUs, and the CPU model where runs on as many CPUs came from two
+    models: a ratio against the C tools moves with the machine's cost of a system call) the
+    runs were taken on; a later run of the same ratio on the same machine replaces an earlier one."""
+    columns = sorted({_machine(run) for run in runs if any(r.get("goal") is not None for r in run.get("ratios", []))},
+                     key=lambda c: (-1 if c[0] is None else c[0], c[1]))  # fmt: skip
+    rows: dict[str, tuple[float, dict[tuple[int | None, str], str]]] = {}
     for run in runs:
         for ratio in run.get("ratios", []):
             goal = ratio.get("goal")
@@ -276,8 +284,16 @@ def figures(runs: list[dict[str, Any]]) -> str:
                 continue
             value = ratio.get("value")
             cell = f"{_measured(value, goal)}x ({_verdict(value, goal)}), {_load(run)}"
-            rows.setdefault(_row_name(ratio["name"]), (goal, {}))[1][_cpus(run)] = cell
-    heads = [("measured" if c is None else f"{c} CPUs") + " (load start / end)" for c in columns]
+            rows.setdefault(_row_name(ratio["name"]), (goal, {}))[1][_machine(run)] = cell
+    models: dict[int | None, set[str]] = {}
+    for cpus, model in columns:
+        models.setdefault(cpus, set()).add(model)
+
+    def head(cpus: int | None, model: str) -> str:
+        size = "measured" if cpus is None else f"{cpus} CPUs"
+        return (f"{size}, {model or 'CPU not recorded'}" if len(models[cpus]) > 1 else size) + " (load start / end)"
+
+    heads = [head(*c) for c in columns]
     lines = [
         BEGIN,
         "| what users feel | goal | " + " | ".join(heads) + " |",
