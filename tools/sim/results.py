@@ -15,7 +15,8 @@ beside it, then the claims, each stated only if it holds on every workload (at l
 three), the workloads where ours loses named, and a policy that is best on one workload
 only labelled experimental. With ``--seeds``, each workload runs again at those seeds
 (other jobs and datasets drawn from the same shape: workloads the presets were never
-tuned on) with the Fluid settings and ``ours+stripe+early``, into ``--out``/seeds/, and the
+tuned on) with the Fluid and JuiceFS settings, ``ours+stripe+early`` and ``deadline-applied``
+(only the policies a run's document lacks), into ``--out``/seeds/, and the
 page gets the goal ratios of every such run, misses in bold. Who calls it: a person, and the simulator's tests
 (:func:`render` on small documents). Exit codes: 0 done, 2 bad arguments or workload file.
 """
@@ -135,14 +136,19 @@ def run_missing(out: Path, names: tuple[str, ...], procs: int) -> None:
 
 #: what the held-out runs compare: every rival setting and the policy the product runs
 SEED_POLICIES = (*RIVALS, PRODUCT_POLICY)
+#: what the admission webhook applies to the jobs that opt in to deadline plans: run at each
+#: held-out seed too, into the same document, and compared with the rivals apart from the
+#: goals (:func:`deadline_prose`), neither a rival nor ours there
+DEADLINE_POLICY = "deadline-applied"
 
 
 def run_seeds(
     out: Path, names: tuple[str, ...], seeds: tuple[int, ...], procs: int, *, run: bool = True
 ) -> dict[str, Any]:
-    """Each workload at each of ``seeds`` (:data:`SEED_POLICIES`; runs already in ``out`` are
-    kept, and with ``run`` False the missing ones are left out, not run); the documents by
-    ``<workload> seed <n>``."""
+    """Each workload at each of ``seeds`` (:data:`SEED_POLICIES` and :data:`DEADLINE_POLICY`,
+    one document a run; the policies a run in ``out`` already has are kept and only the
+    others run into it, and with ``run`` False nothing runs: a missing run is left out, a
+    missing policy stays missing); the documents by ``<workload> seed <n>``."""
     docs = {}
     for name in names:
         wf = load(WORKLOAD_DIR / f"{name}.json")
@@ -150,15 +156,20 @@ def run_seeds(
             path = out / f"{name}-seed{seed}.json"
             if not path.exists() and not run:
                 continue
-            if not path.exists():
+            doc = (
+                json.loads(path.read_text())
+                if path.exists()
+                else {"product_policy": PRODUCT_POLICY, "seed": seed, "workload_file": name, "policies": {}}
+            )
+            missing = [p for p in (*SEED_POLICIES, DEADLINE_POLICY) if p not in doc["policies"]]
+            if missing and run:
                 seeded = WorkloadFile.model_validate({**wf.model_dump(), "seed": seed})
-                results = run_all(seeded, list(SEED_POLICIES), procs)
+                results = run_all(seeded, missing, procs)
+                doc["policies"].update({r["policy"]: report.fields(r) for r in results})
                 staged = path.with_suffix(".tmp")
-                doc = {"product_policy": PRODUCT_POLICY, "seed": seed, "workload_file": name}
-                doc["policies"] = {r["policy"]: report.fields(r) for r in results}
                 staged.write_text(json.dumps(doc) + "\n")
                 staged.replace(path)
-            docs[f"{name} seed {seed}"] = json.loads(path.read_text())
+            docs[f"{name} seed {seed}"] = doc
     return docs
 
 
