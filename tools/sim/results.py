@@ -6,19 +6,21 @@
 
 Runs ``run.py``'s simulation of :data:`POLICIES` on each workload of :data:`WORKLOADS`
 (``tools/sim/workloads/results-*.json``, shapes the presets have and ones they do not),
-writing one JSON per workload into ``--out`` (the same document as ``run.py --json``:
-the workload, the rates with their sources, what caps changed in the input, every
-policy's figures). Then writes ``--doc`` (``docs/results-cluster.md``) and the held-out
-runs in words and as a table into ``--readme``'s block between :data:`BEGIN` and :data:`END`
-from those JSON files alone: per workload a table of the figures with each baseline's model and rates
-beside it, then the claims, each stated only if it holds on every workload (at least
-three), the workloads where ours loses named, and a policy that is best on one workload
-only labelled experimental. With ``--seeds``, each workload runs again at those seeds
-(other jobs and datasets drawn from the same shape: workloads the presets were never
-tuned on) with the Fluid and JuiceFS settings, ``ours+stripe+early`` and ``deadline-applied``
-(only the policies a run's document lacks), into ``--out``/seeds/, and the
-page gets the goal ratios of every such run, misses in bold. Who calls it: a person, and the simulator's tests
-(:func:`render` on small documents). Exit codes: 0 done, 2 bad arguments or workload file.
+writing one JSON per workload into ``--out`` (the same document as ``run.py --json``: the
+workload, the rates with their sources, what caps changed in the input, every policy's
+figures). Then writes ``--doc`` (``docs/results-cluster.md``) and the held-out runs in words
+and as a table into ``--readme``'s block between :data:`BEGIN` and :data:`END` (and
+``deadline-applied`` on them against the rivals into its block between
+:data:`DEADLINE_BEGIN` and :data:`DEADLINE_END`) from those JSON files alone: per workload a
+table of the figures with each baseline's model and rates beside it, then the claims, each
+stated only if it holds on every workload (at least three), the workloads where ours loses
+named, and a policy that is best on one workload only labelled experimental. With
+``--seeds``, each workload runs again at those seeds (other jobs and datasets drawn from the
+same shape: workloads the presets were never tuned on) with the Fluid and JuiceFS settings,
+``ours+stripe+early`` and ``deadline-applied`` (only the policies a run's document lacks),
+into ``--out``/seeds/, and the page gets the goal ratios of every such run, misses in bold.
+Who calls it: a person, and the simulator's tests (:func:`render` on small documents). Exit
+codes: 0 done, 2 bad arguments or workload file.
 """
 
 from __future__ import annotations
@@ -378,6 +380,106 @@ def seeds_prose(docs: Mapping[str, Mapping[str, Any]]) -> list[str]:
         f"It {store_text} and {ttfs_text}.",
         "By `tools/sim/results.py`; [cluster results](docs/results-cluster.md).",
     ]
+
+
+#: the README's block of the deadline policy on the held-out runs (:func:`with_deadlines`)
+DEADLINE_BEGIN, DEADLINE_END = "<!-- deadline:begin -->", "<!-- deadline:end -->"
+#: how :func:`deadline_prose` groups the held-out workloads, a clause a group; a workload in
+#: none of them is in a last group, "elsewhere"
+DEADLINE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("where datasets fit the caches", ("results-base", "results-churn")),
+    ("where caches are small", ("results-multi-tb", "results-tight")),
+)
+
+# one held-out run of the deadline policy: its seed, its deadline misses, the fewest of any
+# rival setting, and its mean job time over the lowest of any rival setting
+_DeadlineRun = tuple[int, int, int, float]
+
+
+def deadline_runs(docs: Mapping[str, Mapping[str, Any]]) -> dict[str, list[_DeadlineRun]]:
+    """Per workload, its held-out runs (:func:`run_seeds`) that have :data:`DEADLINE_POLICY`
+    and a rival setting, in the order of ``docs``."""
+    out: dict[str, list[_DeadlineRun]] = {}
+    for wname, doc in docs.items():
+        by = doc["policies"]
+        rivals = [by[p] for p in RIVALS if p in by]
+        if DEADLINE_POLICY not in by or not rivals:
+            continue
+        mine = by[DEADLINE_POLICY]
+        fewest = min(int(f["deadline_misses"]) for f in rivals)
+        slower = _ratio(mine["jct_mean_s"], min(f["jct_mean_s"] for f in rivals))
+        seed = int(doc.get("seed") or wname.rsplit(" seed ", 1)[-1])
+        out.setdefault(_group(docs, wname), []).append((seed, int(mine["deadline_misses"]), fewest, slower))
+    return out
+
+
+def _times_over(runs: list[_DeadlineRun]) -> str:
+    return f"{_span([r[3] for r in runs], lambda v: f'{v:.1f}')}x"
+
+
+def _deadline_clause(label: str, workloads: list[tuple[str, list[_DeadlineRun]]]) -> str:
+    """One group of workloads: fewer misses than every rival setting on all its runs, with
+    the figures' ranges, or per workload where the policy misses more (on which runs)."""
+    runs = [r for _, rs in workloads for r in rs]
+    if all(r[1] < r[2] for r in runs):
+        return (
+            f"{label} they miss fewer deadlines than every rival setting ({_span([r[1] for r in runs], _num)} "
+            f"against the best rival's {_span([r[2] for r in runs], _num)} on "
+            f"{_and([f'`{w}`' for w, _ in workloads])}), at {_times_over(runs)} the best rival's mean job time"
+        )
+    worse, fewer = [], []
+    for w, rs in workloads:
+        won = [r for r in rs if r[1] < r[2]]
+        lost = [r for r in rs if r[1] >= r[2]]
+        ranges = f"{_span([r[1] for r in rs], _num)} against {_span([r[2] for r in rs], _num)}, at {_times_over(rs)}"
+        if not won or not lost:
+            (fewer if won else worse).append(f"on `{w}` ({ranges})")
+            continue
+        others = "the other" if len(won) == 1 else "the others"
+        worse.append(
+            f"on {_count(len(lost))} of {_count(len(rs))} `{w}` runs ({_and([_num(r[1]) for r in lost])} against "
+            f"{_and([_num(r[2]) for r in lost])}; {_and([_num(r[1]) for r in won])} against "
+            f"{_and([_num(r[2]) for r in won])} on {others}), at {_times_over(rs)}"
+        )
+    more = "more" if all(r[1] > r[2] for r in runs if r[1] >= r[2]) else "no fewer"
+    return f"{label} they miss {more} {_and(worse)}" + (f" and fewer {_and(fewer)}" if fewer else "")
+
+
+def deadline_prose(docs: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The deadline policy (:data:`DEADLINE_POLICY`) on the held-out runs against the rival
+    settings, a clause per group of :data:`DEADLINE_GROUPS`: its deadline misses against the
+    fewest of any rival, its mean job time over the lowest (the README's block between
+    :data:`DEADLINE_BEGIN` and :data:`DEADLINE_END`, a line a sentence). None where no
+    held-out run has the policy."""
+    by = deadline_runs(docs)
+    if not by:
+        return []
+    listed = {w for _, ws in DEADLINE_GROUPS for w in ws}
+    groups = [*DEADLINE_GROUPS, ("elsewhere", tuple(w for w in by if w not in listed))]
+    clauses = [
+        _deadline_clause(label, [(w, by[w]) for w in ws if w in by]) for label, ws in groups if any(w in by for w in ws)
+    ]
+    seeds = sorted({r[0] for rs in by.values() for r in rs})
+    contiguous = len(seeds) > 1 and seeds == list(range(seeds[0], seeds[-1] + 1))
+    seeds_text = f"{seeds[0]}-{seeds[-1]}" if contiguous else _and([str(s) for s in seeds])
+    presets = f"the {_count(len(by))} presets" if len(by) > 1 else "its preset"
+    return [
+        f"Deadline plans, applied to the jobs that opt in (`{DEADLINE_POLICY}` in the simulator, on the held-out "
+        f"seeds {seeds_text} of {presets}): " + "; ".join(clauses) + ".",
+        f"Measured with `tools/sim/run.py --policies {DEADLINE_POLICY},...` at those seeds; [when the deadline "
+        "policy helps and when it hurts](docs/simulation.md#deadline-policy).",
+    ]
+
+
+def with_deadlines(readme: str, seeded: Mapping[str, Mapping[str, Any]]) -> str:
+    """``readme`` with its block between :data:`DEADLINE_BEGIN` and :data:`DEADLINE_END`
+    replaced by :func:`deadline_prose` of the held-out runs (unchanged if it has no block,
+    or no held-out run has the deadline policy)."""
+    start, end = readme.find(DEADLINE_BEGIN), readme.find(DEADLINE_END)
+    prose = deadline_prose(seeded)
+    if start < 0 or end < start or not prose:
+        return readme
+    return readme[:start] + "\n".join([DEADLINE_BEGIN, *prose, DEADLINE_END]) + readme[end + len(DEADLINE_END) :]
 
 
 def best_setting(by: Mapping[str, Mapping[str, Any]], policies: tuple[str, ...], metric: Metric) -> str:
@@ -780,8 +882,8 @@ def main(argv: list[str] | None = None) -> int:
     args.doc.write_text(render(docs, sweep, seeded) + "\n")
     print(f"wrote {args.doc}")
     if args.readme is not None and args.readme.exists() and seeded:
-        args.readme.write_text(with_goals(args.readme.read_text(), seeded))
-        print(f"wrote the simulator's block of {args.readme}")
+        args.readme.write_text(with_deadlines(with_goals(args.readme.read_text(), seeded), seeded))
+        print(f"wrote the simulator's blocks of {args.readme}")
     return 0
 
 
