@@ -1,5 +1,5 @@
-"""The README's simulator block is what ``tools/sim/results.py`` makes of the committed held-out runs,
-and the goals are counted against every rival setting."""
+"""The README's simulator blocks (the goals, the deadline policy) are what ``tools/sim/results.py``
+makes of the committed held-out runs, and the goals are counted against every rival setting."""
 
 from __future__ import annotations
 
@@ -39,6 +39,14 @@ def test_the_readme_block_is_the_committed_held_out_runs() -> None:
     for sentence in results.seeds_prose(seeded):
         assert sentence in block and readme.count(sentence) == 1
     assert readme.count("GPUs wait for data") == 1 and readme.count("reads more from the store") == 1
+    # the deadline policy's figures too: every held-out run has it, and its sentences are its block's
+    assert all(results.DEADLINE_POLICY in doc["policies"] for doc in seeded.values())  # type: ignore[operator]
+    assert results.DEADLINE_BEGIN in readme and results.DEADLINE_END in readme
+    assert results.with_deadlines(readme, seeded) == readme, "re-run: python tools/sim/results.py --render-only"
+    deadline = readme[readme.index(results.DEADLINE_BEGIN) : readme.index(results.DEADLINE_END)]
+    for sentence in results.deadline_prose(seeded):
+        assert sentence in deadline and readme.count(sentence) == 1
+    assert readme.count("Deadline plans, applied to the jobs that opt in") == 1
 
 
 def test_re_rendering_from_the_committed_runs_simulates_nothing_and_writes_the_committed_pages(
@@ -48,6 +56,9 @@ def test_re_rendering_from_the_committed_runs_simulates_nothing_and_writes_the_c
         raise AssertionError("a run was simulated although its JSON is committed")
 
     monkeypatch.setattr(results, "run_all", no_run)
+    # every policy a held-out run gets is in its committed document: nothing left to run into it
+    for doc in _committed_seeds().values():
+        assert set(results.SEED_POLICIES) | {results.DEADLINE_POLICY} <= set(doc["policies"])  # type: ignore[arg-type]
     readme = tmp_path / "README.md"
     readme.write_text((REPO_ROOT / "README.md").read_text())
     page = tmp_path / "results-cluster.md"
@@ -55,6 +66,35 @@ def test_re_rendering_from_the_committed_runs_simulates_nothing_and_writes_the_c
     assert results.main(args) == 0
     assert readme.read_text() == (REPO_ROOT / "README.md").read_text()
     assert page.read_text() == (REPO_ROOT / "docs" / "results-cluster.md").read_text(), "re-run results.py"
+
+
+def test_a_held_out_run_without_the_deadline_policy_runs_only_that_policy_into_its_document(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    committed = REPO_ROOT / "tools" / "sim" / "out" / "results" / "seeds" / "results-base-seed811.json"
+    doc = json.loads(committed.read_text())
+    del doc["policies"][results.DEADLINE_POLICY]
+    (tmp_path / committed.name).write_text(json.dumps(doc) + "\n")
+    ran: list[list[str]] = []
+
+    def fake_run(wf: object, policies: list[str], procs: int) -> list[dict[str, object]]:
+        assert wf.seed == 811  # type: ignore[attr-defined]
+        ran.append(policies)
+        return [{"policy": p} for p in policies]
+
+    monkeypatch.setattr(results, "run_all", fake_run)
+    monkeypatch.setattr(results.report, "fields", lambda r: {"deadline_misses": 5, "jct_mean_s": 1.0})
+    [kept] = results.run_seeds(tmp_path, ("results-base",), (811,), 2, run=False).values()
+    assert ran == [] and results.DEADLINE_POLICY not in kept["policies"]
+    [updated] = results.run_seeds(tmp_path, ("results-base",), (811,), 2).values()
+    assert ran == [[results.DEADLINE_POLICY]]
+    assert updated["policies"] == {
+        **doc["policies"],
+        results.DEADLINE_POLICY: {"deadline_misses": 5, "jct_mean_s": 1.0},
+    }
+    assert json.loads((tmp_path / committed.name).read_text()) == updated
+    results.run_seeds(tmp_path, ("results-base",), (811,), 2)
+    assert ran == [[results.DEADLINE_POLICY]], "a run with every policy runs nothing again"
 
 
 def test_claims_are_only_measured_on_seeds_no_choice_was_made_on() -> None:
@@ -177,3 +217,67 @@ def test_a_workload_whose_rivals_barely_idle_gpus_is_not_named_with_its_idle_fig
     assert "GPUs wait for data no longer than any rival's on all 1." in results.seeds_prose(runs)
     runs["results-churn seed 2"] = _run("results-churn", idle=0.01)  # the rivals idle 10 GPU-hours
     assert "on all 1 (churn: 0.1 GPU-hours, Fluid 10)." in results.seeds_prose(runs)[1]
+
+
+def _deadline(name: str, seed: int, misses: int, fewest: int, slower: float) -> dict[str, object]:
+    """A held-out run where the deadline policy misses ``misses`` deadlines, the best rival
+    ``fewest``, and its mean job time is ``slower`` times the lowest rival's."""
+    doc = _run(name)
+    doc["seed"] = seed
+    by: dict[str, dict[str, float]] = doc["policies"]  # type: ignore[assignment]
+    last = len(results.RIVALS) - 1
+    for i, rival in enumerate(results.RIVALS):  # the fewest misses on the first rival, the lowest job time on the last
+        by[rival] = {**by[rival], "deadline_misses": fewest + i, "jct_mean_s": 1100.0 + 100 * (last - i)}
+    by[PRODUCT_POLICY].update(deadline_misses=0, jct_mean_s=1.0)  # not a rival: never the best one
+    by[results.DEADLINE_POLICY] = {**by[PRODUCT_POLICY], "deadline_misses": misses, "jct_mean_s": 1100.0 * slower}
+    return doc
+
+
+def test_the_deadline_sentences_follow_their_runs() -> None:
+    runs = {
+        "results-base seed 811": _deadline("results-base", 811, 4, 33, 1.97),
+        "results-base seed 812": _deadline("results-base", 812, 7, 46, 1.76),
+        "results-multi-tb seed 811": _deadline("results-multi-tb", 811, 53, 24, 2.51),
+        "results-multi-tb seed 812": _deadline("results-multi-tb", 812, 66, 23, 2.14),
+        "results-churn seed 811": _deadline("results-churn", 811, 2, 55, 1.41),
+        "results-churn seed 812": _deadline("results-churn", 812, 1, 63, 1.66),
+        "results-tight seed 811": _deadline("results-tight", 811, 36, 53, 1.53),
+        "results-tight seed 812": _deadline("results-tight", 812, 15, 49, 1.51),
+        "results-tight seed 813": _deadline("results-tight", 813, 58, 40, 1.88),
+    }
+    assert results.deadline_prose(runs) == [
+        "Deadline plans, applied to the jobs that opt in (`deadline-applied` in the simulator, on the held-out seeds "
+        "811-813 of the four presets): where datasets fit the caches they miss fewer deadlines than every rival "
+        "setting (1-7 against the best rival's 33-63 on `results-base` and `results-churn`), at 1.4-2.0x the best "
+        "rival's mean job time; where caches are small they miss more on `results-multi-tb` (53-66 against 23-24, "
+        "at 2.1-2.5x) and on one of three `results-tight` runs (58 against 40; 36 and 15 against 53 and 49 on the "
+        "others), at 1.5-1.9x.",
+        "Measured with `tools/sim/run.py --policies deadline-applied,...` at those seeds; [when the deadline policy "
+        "helps and when it hurts](docs/simulation.md#deadline-policy).",
+    ]
+    # other runs, other words: a base run lost, a tie, the tight runs all won, other seeds
+    runs["results-base seed 812"] = _deadline("results-base", 812, 50, 46, 1.76)
+    runs["results-churn seed 812"] = _deadline("results-churn", 812, 63, 63, 1.66)
+    for seed, (misses, fewest) in {811: (36, 53), 812: (15, 49), 813: (38, 40)}.items():
+        runs[f"results-tight seed {seed}"] = _deadline("results-tight", seed, misses, fewest, 1.2)
+    runs["results-multi-tb seed 812"]["seed"] = 815
+    [sentence, _] = results.deadline_prose(runs)
+    assert "seeds 811, 812, 813 and 815 of the four presets" in sentence
+    assert (
+        "where datasets fit the caches they miss no fewer on one of two `results-base` runs (50 against 46; 4 "
+        "against 33 on the other), at 1.8-2.0x and on one of two `results-churn` runs (63 against 63; 2 against 55 "
+        "on the other), at 1.4-1.7x;" in sentence
+    )
+    assert (
+        "where caches are small they miss more on `results-multi-tb` (53-66 against 23-24, at 2.1-2.5x) and fewer "
+        "on `results-tight` (15-38 against 40-53, at 1.2x)." in sentence
+    )
+    readme = f"before\n{results.DEADLINE_BEGIN}\nby hand\n{results.DEADLINE_END}\nafter\n"
+    assert results.with_deadlines(readme, runs) == (
+        f"before\n{results.DEADLINE_BEGIN}\n"
+        + "\n".join(results.deadline_prose(runs))
+        + f"\n{results.DEADLINE_END}\nafter\n"
+    )
+    # runs without the deadline policy leave the block as it is
+    without = {"results-base seed 811": _run("results-base")}
+    assert results.deadline_prose(without) == [] and results.with_deadlines(readme, without) == readme
