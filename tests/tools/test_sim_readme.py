@@ -252,8 +252,8 @@ def test_the_deadline_sentences_follow_their_runs() -> None:
         "rival's mean job time; where caches are small they miss more on `results-multi-tb` (53-66 against 23-24, "
         "at 2.1-2.5x) and on one of three `results-tight` runs (58 against 40; 36 and 15 against 53 and 49 on the "
         "others), at 1.5-1.9x.",
-        "Measured with `tools/sim/run.py --policies deadline-applied,...` at those seeds; [when the deadline policy "
-        "helps and when it hurts](docs/simulation.md#deadline-policy).",
+        "By `tools/sim/results.py` (`deadline-applied` run beside the rivals at those seeds); [when the deadline "
+        "policy helps and when it hurts](docs/simulation.md#deadline-policy).",
     ]
     # other runs, other words: a base run lost, a tie, the tight runs all won, other seeds
     runs["results-base seed 812"] = _deadline("results-base", 812, 50, 46, 1.76)

@@ -466,7 +466,7 @@ def deadline_prose(docs: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return [
         f"Deadline plans, applied to the jobs that opt in (`{DEADLINE_POLICY}` in the simulator, on the held-out "
         f"seeds {seeds_text} of {presets}): " + "; ".join(clauses) + ".",
-        f"Measured with `tools/sim/run.py --policies {DEADLINE_POLICY},...` at those seeds; [when the deadline "
+        f"By `tools/sim/results.py` (`{DEADLINE_POLICY}` run beside the rivals at those seeds); [when the deadline "
         "policy helps and when it hurts](docs/simulation.md#deadline-policy).",
     ]
 
