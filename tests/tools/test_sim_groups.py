@@ -355,6 +355,43 @@ def test_the_nodes_of_a_job_copy_a_version_another_node_is_still_fetching_togeth
     assert len(holders) == 5 and all(n.cache[("small", 0)].ready for n in holders)
 
 
+def test_a_node_starting_a_version_another_node_reads_from_the_store_reads_half_of_the_rest() -> None:
+    # two one-node jobs 10 s apart on two nodes, a 0.25 TB version, the store serving each
+    # node 1.4 GB/s: the second node's agent joins the first's fetch as the swarm does. Of the
+    # bundles the first has not read yet it reads half from the store, and each node takes
+    # the other's half from the other: the store serves the version once, and both copies are
+    # whole well before one node's store stream alone could bring it (about 180 s)
+    size, key = TB // 4, ("small", 0)
+    jobs = [_job(0, 0.0, 1, "small", 20_000.0), _job(1, 10.0, 1, "small", 20_000.0)]
+    sim = Simulation("ours+stripe+early", jobs, [Dataset("small", size, (0.0,))], _params(2), seed=3)
+    stored: dict[int, float] = {}
+    whole: dict[int, float] = {}
+    created, finish = sim._new_fetch, sim._finish_fetches
+
+    def counted(node, k, sz, **kw):  # type: ignore[no-untyped-def]
+        if kw.get("source", "storage") == "storage":
+            stored[node.index] = stored.get(node.index, 0.0) + sz
+        return created(node, k, sz, **kw)
+
+    def finishing() -> None:
+        finish()
+        for n in sim.nodes:
+            if key in n.cache and n.cache[key].ready:
+                whole.setdefault(n.index, sim.now)
+
+    sim._new_fetch = counted  # type: ignore[method-assign]
+    sim._finish_fetches = finishing  # type: ignore[method-assign]
+    sim.run()
+    assert [next(w.node.index for w in sim.outcomes[i].workers) for i in (0, 1)] == [0, 1]
+    store_per_node = sim.params.store_node_bw
+    assert sim.storage_bytes == pytest.approx(size, rel=1e-6), "the store serves the version once"
+    left = size - 10.0 * store_per_node  # what the first node had not read when the second began
+    assert stored[1] == pytest.approx(left / 2, rel=1e-3), "the second node read half of it from the store"
+    assert sorted(whole) == [0, 1]
+    assert whole[0] >= 10.0 + left / 2 / store_per_node - 1.0, "the first copy waits for the second node's half"
+    assert max(whole.values()) < 0.6 * size / store_per_node
+
+
 def test_a_slot_no_node_could_hold_is_given_to_a_node_with_room_at_the_controllers_next_pass() -> None:
     # a 1 TB version in two 0.5 TB slots: node 0 holds its share, the other slot's node had
     # no room when the group formed (a hole), so a rank on node 0 reads that slot from the

@@ -54,6 +54,7 @@ class Flows(SimState):
         unkept: float = 0.0,
         part: bool = False,
         pace: float = math.inf,
+        counted: bool = True,
     ) -> Fetch:
         fetch = Fetch(
             node,
@@ -84,6 +85,8 @@ class Flows(SimState):
             return fetch
         if source == "peer":
             self.peer_bytes += size
+            return fetch
+        if not counted:  # store bytes another fetch counted already: its share of them, handed over
             return fetch
         self.storage_bytes += size
         lost = sum(b for b, _ in fetch.holes.values())

@@ -306,6 +306,8 @@ class Reads(StripeReads):
                     if waiter is not None:
                         self.outcomes[waiter[0].id].pending += 1  # ready when both parts are in
                     self._new_fetch(node, key, rest, cached=cached, waiter=waiter, unpack=True, part=True)
+            elif not top_up and self._shares_fill(after, size):
+                size = math.ceil(size - self._split_fill(after, node, key, cached))
         elif self.params.peers and (grouped := self._group_bytes(key, node))[0] > 1.0:
             # a group holds bundles of it: those come from their owners, the rest from the store
             have, owners = grouped
@@ -325,6 +327,36 @@ class Reads(StripeReads):
         )
         if cached:
             self.inflight[(node.index, key)] = fetch
+
+    def _shares_fill(self, fill: Fetch, size: int) -> bool:
+        """Whether a node fetching ``size`` bytes of a version joins ``fill``, another node's
+        fetch of a whole copy from the store, as the agents' swarm does
+        (``dsagent/cache/peers/swarm.py``: each agent takes the bundles in its own rotation,
+        claims the one it reads, and asks the others first): the whole version, from a
+        fetch no other node shares yet."""
+        return (
+            fill.source == "storage" and not fill.stream and fill.after is None and fill.remaining > 2.0
+            and size >= fill.total - 1.0 and self._whole_in_flight(fill)
+        )  # fmt: skip
+
+    def _split_fill(self, fill: Fetch, node: Node, key: tuple[str, int], cached: bool) -> float:
+        """``node`` joins ``fill`` (:meth:`_shares_fill`): of the bundles ``fill`` has not
+        fetched yet, ``node`` reads half from the store (the bytes ``fill`` counted already)
+        and ``fill``'s node takes them from ``node`` as they land, so the copy it fills is
+        whole no sooner than that half arrives; ``node`` takes the rest, the bundles
+        ``fill`` holds or still reads, from ``fill``'s node. Returns the half."""
+        half = fill.remaining / 2
+        fill.remaining -= half
+        fill.total -= half
+        own = self._new_fetch(node, key, half, cached=cached, waiter=None, unpack=True, part=True, counted=False)
+        back = self._new_fetch(
+            fill.node, key, half, cached=False, waiter=None, source="peer", sources=(node.index,), unpack=True,
+            after=own,
+        )  # fmt: skip
+        fill.after = back
+        self.after_fetches.append(fill)  # after ``back``: its rate is known when ``fill``'s is set
+        self.flow_counts.dirty_nodes.add(fill.node.index)
+        return half
 
     @staticmethod
     def _whole_in_flight(fetch: Fetch) -> bool:
