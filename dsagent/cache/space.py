@@ -108,8 +108,9 @@ class Space:
         node's share ``key`` of a striped version about to be filled (never that share
         itself). The room stays taken while the share fills: what it still misses counts
         as reserved (:attr:`shares`' ``pending_bytes``), what it holds as used
-        (``total_bytes``). ``how``: ``"free"``, only where ``size`` bytes are free already
-        (a bundle asked of the peers, who may not have it, is no reason to evict);
+        (``total_bytes``). ``how``: ``"free"``, only where the room is free already, the
+        eviction's headroom included (a bundle asked of the peers, who may not have it, is no
+        reason to evict, nor to fill the disk past the ratio every other fill keeps);
         ``"possible"``, evict nothing, only say whether evicting could make the room (a
         share that takes its room as its bundles arrive). Else :class:`InsufficientSpace`."""
         async with self.lock:
@@ -117,8 +118,13 @@ class Space:
                 await self._evict_for(key, size, keep=key)
                 return
             if how == "free":
-                if (free := await self.free_bytes(exclude=key)) < size:
-                    raise InsufficientSpace(f"{size} bytes for {key[0]}'s share are not free ({free} are)")
+                free = await self.free_bytes(exclude=key)
+                if not eviction.plan_for_fetch((), size=size, free=free, ratio=self.settings.evict_ratio).sufficient:
+                    need = eviction.needed_bytes(size, self.settings.evict_ratio)
+                    raise InsufficientSpace(
+                        f"{need} bytes ({self.settings.evict_ratio}x {size}) for {key[0]}'s share are not free"
+                        f" ({free} are)"
+                    )
                 return
             await self._plan(key, size, spared={key})  # raises where evicting could not make it
 

@@ -187,3 +187,24 @@ def test_a_share_on_demand_is_refused_where_evicting_could_not_make_its_room(
         assert list(service.stripes._shares) == [other]  # kept, and imgs not held
 
     _beside_an_idle_copy(tmp_path, loopback, body)
+
+
+def test_a_bundle_asked_of_the_peers_takes_free_room_only_with_the_evictions_headroom(tmp_path: Path) -> None:
+    # a bundle fetched from peers alone evicts nothing; it still leaves the headroom every
+    # other fill keeps (the eviction ratio), so that peers' bundles cannot fill the disk
+    # to its last byte where a fetch from the store, for the same bytes, would evict first
+    settings = Settings(root=tmp_path / "cache", node_name=NODE, sweep_interval=3600, capacity_bytes=10_000_000)
+    key = ("imgs", "0" * 32)
+
+    async def run() -> None:
+        async with _service(settings) as service:
+            space = service._space
+            free = await space.free_bytes(exclude=key)
+            assert free > 1_000_000
+            with pytest.raises(InsufficientSpace, match="not free"):
+                await space.make_room(key, free, how="free")  # free, but not with the headroom
+            await space.make_room(key, math.floor(free / EVICT_RATIO), how="free")
+            with pytest.raises(InsufficientSpace):  # the same rule as a fill that may evict
+                await space.make_room(key, free, how="evict")
+
+    asyncio.run(run())
