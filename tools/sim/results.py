@@ -230,7 +230,8 @@ def _num(v: float) -> str:
 
 
 def _times(ratio: float) -> str:
-    """A ratio without its ``x``: two decimals, four where two would read 1.00 (as :func:`goal_cell`)."""
+    """A ratio without its ``x``: two decimals, four where two would read 1.00 (near 1.0x, which
+    side of the target it is on); the prose's and :func:`goal_cell`'s."""
     return f"{ratio:.{4 if f'{ratio:.2f}' == '1.00' and ratio != 1.0 else 2}f}"
 
 
@@ -475,11 +476,17 @@ def with_deadlines(readme: str, seeded: Mapping[str, Mapping[str, Any]]) -> str:
     """``readme`` with its block between :data:`DEADLINE_BEGIN` and :data:`DEADLINE_END`
     replaced by :func:`deadline_prose` of the held-out runs (unchanged if it has no block,
     or no held-out run has the deadline policy)."""
-    start, end = readme.find(DEADLINE_BEGIN), readme.find(DEADLINE_END)
     prose = deadline_prose(seeded)
-    if start < 0 or end < start or not prose:
+    return _with_block(readme, DEADLINE_BEGIN, DEADLINE_END, prose) if prose else readme
+
+
+def _with_block(readme: str, begin: str, end: str, lines: list[str]) -> str:
+    """``readme`` with the text between ``begin`` and ``end`` replaced by ``lines``, a line
+    each (unchanged without both markers in order)."""
+    start, stop = readme.find(begin), readme.find(end)
+    if start < 0 or stop < start:
         return readme
-    return readme[:start] + "\n".join([DEADLINE_BEGIN, *prose, DEADLINE_END]) + readme[end + len(DEADLINE_END) :]
+    return readme[:start] + "\n".join([begin, *lines, end]) + readme[stop + len(end) :]
 
 
 def best_setting(by: Mapping[str, Mapping[str, Any]], policies: tuple[str, ...], metric: Metric) -> str:
@@ -638,8 +645,7 @@ def goal_cell(
     if ratio == 0 or math.isinf(ratio):  # one side is zero: a ratio says nothing, the figures do
         get = METRIC[name][2]
         return f"{_fmt(name, get(by[mine]))} against {_fmt(name, get(by[best]))} ({best})"
-    digits = 4 if f"{ratio:.2f}" == "1.00" and ratio != 1.0 else 2  # near 1.0x: which side of the target
-    return f"{ratio:.{digits}f}x ({best})"
+    return f"{_times(ratio)}x ({best})"
 
 
 def with_goals(readme: str, seeded: Mapping[str, Mapping[str, Any]]) -> str:
@@ -648,13 +654,11 @@ def with_goals(readme: str, seeded: Mapping[str, Mapping[str, Any]]) -> str:
     a sentence: a new run changes the lines of the sentences it changes), their
     :func:`goals_table` and how many meet each goal (unchanged if it has no block, or there
     are no held-out runs)."""
-    start, end = readme.find(BEGIN), readme.find(END)
-    if start < 0 or end < start or not seeded:
+    if not seeded:
         return readme
     prose = seeds_prose(seeded)
-    lines = [BEGIN, *([*prose, ""] if prose else []), *goals_table(seeded), ""]
-    lines += [f"Held-out seeds ({seeds_summary(seeded)}", END]
-    return readme[:start] + "\n".join(lines) + readme[end + len(END) :]
+    lines = [*([*prose, ""] if prose else []), *goals_table(seeded), "", f"Held-out seeds ({seeds_summary(seeded)}"]
+    return _with_block(readme, BEGIN, END, lines)
 
 
 def _fmt(metric: str, v: float) -> str:
