@@ -154,7 +154,7 @@ class Reads(StripeReads):
             entry.users += 1
             entry.last_used = self.now
             self.touch(node)
-            if self.early and entry.ready and entry.part < 1.0:  # the bundles it lacks, as read
+            if self._tops_up(entry, head):  # the bundles it lacks, as read
                 self._top_up(node, key, entry, head)
             fill = None if entry.ready else self.inflight[(node.index, key)]
             self._plan(worker, Split(first, 0.0, 0.0), Split(later, 0.0, 0.0), after=fill if self.early else None)
@@ -186,13 +186,17 @@ class Reads(StripeReads):
         self._plan(worker, Split(first, 0.0, 0.0), Split(later, 0.0, 0.0), after=fill)
         self._data_ready(out)
 
+    def _tops_up(self, entry: CacheEntry, head: float) -> bool:
+        """Whether a job reading ``head`` of the version in its first epoch has the node's copy
+        ``entry`` fetch more of it (:meth:`_top_up`): under ``+early``, a ready copy holding
+        part of it, that lacks more than a byte of what the job reads."""
+        return self.early and entry.ready and head * (1.0 - entry.part) * entry.size > 1.0
+
     def _top_up(self, node: Node, key: tuple[str, int], entry: CacheEntry, head: float) -> None:
         """A copy holding part of the version (its earlier jobs stopped before their first
-        epoch ended): what this job's first epoch reads of the rest is read from the store
-        (or a peer holding the version whole) now, and kept."""
+        epoch ended, :meth:`_tops_up`): what this job's first epoch reads of the rest is read
+        from the store (or a peer holding the version whole) now, and kept."""
         more = head * (1.0 - entry.part)
-        if more * entry.size <= 1.0:
-            return
         entry.ready, entry.landed = False, entry.part
         size = self._from_parts(node, key, math.ceil(more * entry.size), None)
         self._fetch_version(node, key, size, cached=True, waiter=None, top_up=True)
@@ -355,7 +359,6 @@ class Reads(StripeReads):
         )  # fmt: skip
         fill.after = back
         self.after_fetches.append(fill)  # after ``back``: its rate is known when ``fill``'s is set
-        self.flow_counts.dirty_nodes.add(fill.node.index)
         return half
 
     @staticmethod
@@ -387,9 +390,7 @@ class Reads(StripeReads):
         swarm as the job's other nodes (``dsagent/cache/peers/swarm.py``: every agent fetching
         the version takes its own rotation of the bundles it lacks)."""
         entry = node.cache.get(key)
-        if entry is None:
-            return True
-        return self.early and entry.ready and not entry.stripe and head * (1.0 - entry.part) * entry.size > 1.0
+        return entry is None or (not entry.stripe and self._tops_up(entry, head))
 
     def _group_bytes(self, key: tuple[str, int], node: Node) -> tuple[float, tuple[int, ...]]:
         """Bytes of the version its group's other members hold on disk, and those members."""
