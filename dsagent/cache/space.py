@@ -119,11 +119,11 @@ class Space:
                 return
             if how == "free":
                 free = await self.free_bytes(exclude=key)
-                if not eviction.plan_for_fetch((), size=size, free=free, ratio=self.settings.evict_ratio).sufficient:
-                    need = eviction.needed_bytes(size, self.settings.evict_ratio)
+                plan = eviction.plan_for_fetch((), size=size, free=free, ratio=self.settings.evict_ratio)
+                if not plan.sufficient:
                     raise InsufficientSpace(
-                        f"{need} bytes ({self.settings.evict_ratio}x {size}) for {key[0]}'s share are not free"
-                        f" ({free} are)"
+                        f"{plan.needed_bytes} bytes ({self.settings.evict_ratio}x {size}) for {key[0]}'s share"
+                        f" are not free ({free} are)"
                     )
                 return
             await self._plan(key, size, spared={key})  # raises where evicting could not make it
