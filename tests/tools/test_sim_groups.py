@@ -11,6 +11,7 @@ import pytest
 
 from dsagent.policy import holding
 from scheduling.timemodel import JobProfile
+from tests.tools.test_sim_on_demand import store_reads_by_node
 from tools.sim import stripereads
 from tools.sim.cluster import CacheEntry, Outcome, Worker
 from tools.sim.engine import ClusterParams, Simulation
@@ -364,14 +365,9 @@ def test_a_node_starting_a_version_another_node_reads_from_the_store_reads_half_
     size, key = TB // 4, ("small", 0)
     jobs = [_job(0, 0.0, 1, "small", 20_000.0), _job(1, 10.0, 1, "small", 20_000.0)]
     sim = Simulation("ours+stripe+early", jobs, [Dataset("small", size, (0.0,))], _params(2), seed=3)
-    stored: dict[int, float] = {}
+    stored = store_reads_by_node(sim)
     whole: dict[int, float] = {}
-    created, finish = sim._new_fetch, sim._finish_fetches
-
-    def counted(node, k, sz, **kw):  # type: ignore[no-untyped-def]
-        if kw.get("source", "storage") == "storage":
-            stored[node.index] = stored.get(node.index, 0.0) + sz
-        return created(node, k, sz, **kw)
+    finish = sim._finish_fetches
 
     def finishing() -> None:
         finish()
@@ -379,7 +375,6 @@ def test_a_node_starting_a_version_another_node_reads_from_the_store_reads_half_
             if key in n.cache and n.cache[key].ready:
                 whole.setdefault(n.index, sim.now)
 
-    sim._new_fetch = counted  # type: ignore[method-assign]
     sim._finish_fetches = finishing  # type: ignore[method-assign]
     sim.run()
     assert [next(w.node.index for w in sim.outcomes[i].workers) for i in (0, 1)] == [0, 1]

@@ -117,7 +117,7 @@ def test_a_whole_copy_takes_what_several_partial_copies_hold_between_them() -> N
     assert sim.peer_bytes == pytest.approx((0.3 * 0.3 + 0.51) * SIZE, rel=1e-6)
 
 
-def _store_reads_by_node(sim: Simulation) -> dict[int, float]:
+def store_reads_by_node(sim: Simulation) -> dict[int, float]:
     """Bytes each node is asked to read from the store, filled in as ``sim`` runs."""
     stored: dict[int, float] = {}
     created = sim._new_fetch
@@ -146,7 +146,7 @@ def test_a_jobs_nodes_holding_part_of_the_version_copy_the_rest_together_with_th
     sim = Simulation("ours+stripe+early", [job], [Dataset("d", SIZE, (0.0,))], params, seed=3)
     for i in (0, 1):
         sim.nodes[i].cache[key] = CacheEntry("d", 0, SIZE, 0.0, ready=True, part=0.25)
-    stored = _store_reads_by_node(sim)
+    stored = store_reads_by_node(sim)
     sim.run()
     assert {w.node.index for w in sim.outcomes[0].workers} == {0, 1, 2, 3}
     missing = (1 - parts_held([0.25, 0.25])) * SIZE
