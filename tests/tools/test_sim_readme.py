@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tools.sim import results
+from tools.sim.model import model_stamp
 from tools.sim.policies import PRODUCT_POLICY
 
 
@@ -84,17 +85,53 @@ def test_a_held_out_run_without_the_deadline_policy_runs_only_that_policy_into_i
 
     monkeypatch.setattr(results, "run_all", fake_run)
     monkeypatch.setattr(results.report, "fields", lambda r: {"deadline_misses": 5, "jct_mean_s": 1.0})
-    [kept] = results.run_seeds(tmp_path, ("results-base",), (811,), 2, run=False).values()
+    model = doc["model"]
+    [kept] = results.run_seeds(tmp_path, ("results-base",), (811,), 2, model=model, run=False).values()
     assert ran == [] and results.DEADLINE_POLICY not in kept["policies"]
-    [updated] = results.run_seeds(tmp_path, ("results-base",), (811,), 2).values()
+    [updated] = results.run_seeds(tmp_path, ("results-base",), (811,), 2, model=model).values()
     assert ran == [[results.DEADLINE_POLICY]]
     assert updated["policies"] == {
         **doc["policies"],
         results.DEADLINE_POLICY: {"deadline_misses": 5, "jct_mean_s": 1.0},
     }
     assert json.loads((tmp_path / committed.name).read_text()) == updated
-    results.run_seeds(tmp_path, ("results-base",), (811,), 2)
+    results.run_seeds(tmp_path, ("results-base",), (811,), 2, model=model)
     assert ran == [[results.DEADLINE_POLICY]], "a run with every policy runs nothing again"
+
+
+def test_a_held_out_run_another_simulator_made_runs_again_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    committed = REPO_ROOT / "tools" / "sim" / "out" / "results" / "seeds" / "results-base-seed811.json"
+    doc = json.loads(committed.read_text())
+    (tmp_path / committed.name).write_text(json.dumps({**doc, "model": "0000000000000000/py3.11"}) + "\n")
+    ran: list[list[str]] = []
+
+    def fake_run(wf: object, policies: list[str], procs: int) -> list[dict[str, object]]:
+        ran.append(policies)
+        return [{"policy": p} for p in policies]
+
+    monkeypatch.setattr(results, "run_all", fake_run)
+    monkeypatch.setattr(results.report, "fields", lambda r: {"jct_mean_s": 1.0})
+    kept = results.run_seeds(tmp_path, ("results-base",), (811,), 2, model=doc["model"], run=False)
+    assert ran == [] and results.stale(kept, doc["model"]) == ["results-base seed 811"]
+    [again] = results.run_seeds(tmp_path, ("results-base",), (811,), 2, model=doc["model"]).values()
+    assert ran == [[*results.SEED_POLICIES, results.DEADLINE_POLICY]]
+    assert again["model"] == doc["model"] and set(again["policies"]) == set(ran[0])
+    assert results.stale({"results-base seed 811": again}, doc["model"]) == []
+    changed = {**again, "workload": {**again["workload"], "storage_bytes_per_s": 1}}
+    assert results.stale({"results-base seed 811": changed}, doc["model"]) == ["results-base seed 811"]
+
+
+def test_the_committed_runs_are_this_simulators() -> None:
+    """Every figure the README and the results page show was run by the simulator and the
+    product policies in this tree, on the workload files as they read now."""
+    model = model_stamp()
+    docs = {**_docs(), **_committed_seeds()}
+    interpreters = {str(doc.get("model", "/")).rsplit("/", 1)[-1] for doc in docs.values()}
+    if len(interpreters) == 1 and "" not in interpreters and interpreters != {model.rsplit("/", 1)[-1]}:
+        pytest.skip(f"the runs were made under {interpreters.pop()}, whose code digest this interpreter cannot check")
+    assert results.stale(docs, model) == [], "re-run: python tools/sim/results.py (tools/sim/model.py)"
 
 
 def test_claims_are_only_measured_on_seeds_no_choice_was_made_on() -> None:

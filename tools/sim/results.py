@@ -39,6 +39,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tools.sim import report  # noqa: E402
+from tools.sim.model import model_stamp  # noqa: E402
 from tools.sim.policies import PRODUCT_POLICY  # noqa: E402
 from tools.sim.run import WORKLOADS as WORKLOAD_DIR  # noqa: E402
 from tools.sim.run import rate_table, run_all  # noqa: E402
@@ -116,15 +117,18 @@ METRICS: tuple[Metric, ...] = (
 METRIC = {m[0]: m for m in METRICS}  # by name
 
 
-def run_missing(out: Path, names: tuple[str, ...], procs: int) -> None:
+def run_missing(out: Path, names: tuple[str, ...], procs: int, model: str) -> None:
+    """Each workload's document in ``out``, run where it is missing or was run by another
+    simulator than ``model`` (:func:`tools.sim.model.model_stamp`)."""
     for name in names:
         path = out / f"{name}.json"
-        if path.exists():
-            continue
         wf = load(WORKLOAD_DIR / f"{name}.json")
+        if path.exists() and current(json.loads(path.read_text()), model, wf.model_dump(mode="json")):
+            continue
         started = time.perf_counter()
         results = run_all(wf, list(POLICIES), procs)
         doc = {
+            "model": model,
             "workload": wf.model_dump(mode="json"),
             **rate_table(wf),
             "input_changes": results[0]["input_changes"] if results else [],
@@ -145,12 +149,14 @@ DEADLINE_POLICY = "deadline-applied"
 
 
 def run_seeds(
-    out: Path, names: tuple[str, ...], seeds: tuple[int, ...], procs: int, *, run: bool = True
+    out: Path, names: tuple[str, ...], seeds: tuple[int, ...], procs: int, *, model: str, run: bool = True
 ) -> dict[str, Any]:
     """Each workload at each of ``seeds`` (:data:`SEED_POLICIES` and :data:`DEADLINE_POLICY`,
     one document a run; the policies a run in ``out`` already has are kept and only the
-    others run into it, and with ``run`` False nothing runs: a missing run is left out, a
-    missing policy stays missing); the documents by ``<workload> seed <n>``."""
+    others run into it, unless another simulator than ``model`` ran them: then all run
+    again. With ``run`` False nothing runs: a missing run is left out, a missing policy
+    stays missing, a document of another simulator is returned as it is); the documents by
+    ``<workload> seed <n>``."""
     docs = {}
     for name in names:
         wf = load(WORKLOAD_DIR / f"{name}.json")
@@ -158,14 +164,16 @@ def run_seeds(
             path = out / f"{name}-seed{seed}.json"
             if not path.exists() and not run:
                 continue
-            doc = (
-                json.loads(path.read_text())
-                if path.exists()
-                else {"product_policy": PRODUCT_POLICY, "seed": seed, "workload_file": name, "policies": {}}
-            )
+            seeded = WorkloadFile.model_validate({**wf.model_dump(), "seed": seed})
+            workload = seeded.model_dump(mode="json")
+            doc = json.loads(path.read_text()) if path.exists() else None
+            if doc is None or (run and not current(doc, model, workload)):
+                doc = {
+                    "model": model, "product_policy": PRODUCT_POLICY, "seed": seed, "workload_file": name,
+                    "workload": workload, "policies": {},
+                }  # fmt: skip
             missing = [p for p in (*SEED_POLICIES, DEADLINE_POLICY) if p not in doc["policies"]]
             if missing and run:
-                seeded = WorkloadFile.model_validate({**wf.model_dump(), "seed": seed})
                 results = run_all(seeded, missing, procs)
                 doc["policies"].update({r["policy"]: report.fields(r) for r in results})
                 staged = path.with_suffix(".tmp")
@@ -173,6 +181,26 @@ def run_seeds(
                 staged.replace(path)
             docs[f"{name} seed {seed}"] = doc
     return docs
+
+
+def current(doc: Mapping[str, Any], model: str, workload: Mapping[str, Any]) -> bool:
+    """Whether ``doc`` was run by the simulator ``model`` (:func:`tools.sim.model.model_stamp`)
+    on ``workload`` as its file now reads."""
+    return doc.get("model") == model and doc.get("workload") == workload
+
+
+def stale(docs: Mapping[str, Mapping[str, Any]], model: str) -> list[str]:
+    """The names in ``docs`` (a workload's document by its name, a held-out run's by
+    ``<workload> seed <n>``) of those :func:`current` says are not ``model``'s on their
+    workload file as it now reads."""
+    older = []
+    for label, doc in docs.items():
+        wf = load(WORKLOAD_DIR / f"{doc.get('workload_file', label)}.json")
+        if "seed" in doc:
+            wf = WorkloadFile.model_validate({**wf.model_dump(), "seed": doc["seed"]})
+        if not current(doc, model, wf.model_dump(mode="json")):
+            older.append(label)
+    return older
 
 
 def seeds_section(docs: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -859,9 +887,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = tuple(n.strip() for n in args.workloads.split(",") if n.strip())
     args.out.mkdir(parents=True, exist_ok=True)
+    model = model_stamp()
     if not args.render_only:
         try:
-            run_missing(args.out, names, args.procs)
+            run_missing(args.out, names, args.procs, model)
         except WorkloadError as e:
             print(f"results.py: {e}", file=sys.stderr)
             return 2
@@ -882,7 +911,16 @@ def main(argv: list[str] | None = None) -> int:
     seeded_dir = args.out / "seeds"
     seeded_dir.mkdir(exist_ok=True)
     claimed = tuple(n for n in names if n in CLAIM_WORKLOADS)
-    seeded = run_seeds(seeded_dir, claimed, seeds, args.procs, run=not args.render_only) or None
+    seeded = run_seeds(seeded_dir, claimed, seeds, args.procs, model=model, run=not args.render_only) or None
+    older = stale({**docs, **(seeded or {})}, model)
+    if sweep is not None and sweep.get("model") != model:
+        older.append("sensitivity (tools/sim/sensitivity.py)")
+    if older:
+        print(
+            f"results.py: another simulator ran {', '.join(older)}: the page shows their figures, not this "
+            "code's (run without --render-only)",
+            file=sys.stderr,
+        )
     args.doc.write_text(render(docs, sweep, seeded) + "\n")
     print(f"wrote {args.doc}")
     if args.readme is not None and args.readme.exists() and seeded:

@@ -32,6 +32,7 @@ if str(REPO) not in sys.path:
 
 from tools.sim import nodetypes, rates, report  # noqa: E402
 from tools.sim.engine import Simulation  # noqa: E402
+from tools.sim.model import model_stamp  # noqa: E402
 from tools.sim.policies import POLICIES, PRODUCT_POLICY  # noqa: E402
 from tools.sim.workload import input_changes, make_jobs  # noqa: E402
 from tools.sim.workload_file import WorkloadError, WorkloadFile, load, total_gpus  # noqa: E402
@@ -178,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         doc = {
+            "model": model_stamp(),
             "product_policy": PRODUCT_POLICY,
             "workload": wf.model_dump(mode="json"),
             **rate_table(wf),

@@ -29,6 +29,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tools.sim import rates, report  # noqa: E402
+from tools.sim.model import model_stamp  # noqa: E402
 from tools.sim.policies import PRODUCT_POLICY  # noqa: E402
 from tools.sim.run import WORKLOADS, simulate  # noqa: E402
 from tools.sim.workload_file import WorkloadError, WorkloadFile, load  # noqa: E402
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = [{"rates": values, "policies": {}} for values, _ in grid]
     for (i, p), result in zip(tasks, done):
         rows[i]["policies"][p] = report.fields(result)
-    doc = {"workload": wf.model_dump(mode="json"), "keys": list(KEYS), "points": rows}
+    doc = {"model": model_stamp(), "workload": wf.model_dump(mode="json"), "keys": list(KEYS), "points": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "sensitivity.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
