@@ -51,12 +51,10 @@ from __future__ import annotations
 import queue
 import re
 import struct
-import tarfile
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, cast
+from typing import IO, TYPE_CHECKING, cast
 
 try:  # Python 3.14+
     from compression import zstd as _zstd
@@ -67,7 +65,14 @@ from dsagent.errors import IntegrityError, UnsafeArchive
 from dsagent.format import zstdframes
 from dsagent.format.hashing import CHUNK_SIZE
 
-BLOCK = tarfile.BLOCKSIZE
+if TYPE_CHECKING:
+    import tarfile
+    from concurrent.futures import Future
+
+#: tar's block and record sizes (``tarfile.BLOCKSIZE``, ``tarfile.RECORDSIZE``), here so that
+#: reading and writing plain headers (the C member loop, the packer) imports no ``tarfile``
+BLOCK = 512
+RECORD = 20 * BLOCK
 #: The plain ustar header bundles are written with (:func:`dsagent.format.bundles.bundle.tar_header`)
 #: and read back fast (:func:`_plain_header`): ``tarfile``'s layout and zero padding, mode
 #: 0644, uid/gid 0, a regular file, ``ustar\0`` ``00``, no link, owner names, device
@@ -86,7 +91,7 @@ _OCTAL_11 = re.compile(rb"[0-7]{11}\0")
 _ZERO_BLOCK = bytes(BLOCK)
 
 #: Zero bytes a tar writer may add after the end-of-archive block (ours: two records).
-MAX_TAIL = 2 * tarfile.RECORDSIZE
+MAX_TAIL = 2 * RECORD
 #: The largest pax or GNU long-name header accepted (a path is at most a few KB).
 MAX_EXTENDED_HEADER = 1 << 20
 #: zstd is handed what is read from an object this much at a time: at the end of a frame
@@ -203,6 +208,8 @@ class FrameReader:
         that is not a plain frame and all that follows go through :meth:`_decompressed`,
         and so does a frame that does not decode whole within :data:`~dsagent.format.zstdframes.FRAME_DECODE_MAX`
         (module docstring)."""
+        from concurrent.futures import ThreadPoolExecutor  # here: a bundle read on one thread starts no pool
+
         pool = ThreadPoolExecutor(decoders, thread_name_prefix="dsagent-unpack-decode")
         ahead: deque[tuple[Future[bytes | None], list[memoryview]]] = deque()
         source = zstdframes.FrameInput(self._raw)
@@ -311,6 +318,8 @@ class FrameReader:
 
 def _done(result: bytes | None) -> Future[bytes | None]:
     """A frame decoded here, in the read-ahead's order beside those decoded on threads."""
+    from concurrent.futures import Future
+
     future: Future[bytes | None] = Future()
     future.set_result(result)
     return future
@@ -429,6 +438,8 @@ def _plain_header(block: bytes) -> tarfile.TarInfo | None:
     name = block[:100].rstrip(b"\0")
     if not name or b"\0" in name or not name.isascii():
         return None
+    import tarfile  # loaded by iter_members
+
     info = tarfile.TarInfo(name.decode("ascii"))
     info.size, info.mtime, info.mode, info.type = int(size[:11], 8), int(mtime[:11], 8), 0o644, tarfile.REGTYPE
     return info
@@ -438,6 +449,8 @@ def _header(reader: FrameReader, block: bytes, what: str) -> tarfile.TarInfo:
     plain = _plain_header(block)
     if plain is not None:
         return plain
+    import tarfile  # loaded by iter_members
+
     try:
         return tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
     except tarfile.HeaderError as exc:
@@ -446,6 +459,8 @@ def _header(reader: FrameReader, block: bytes, what: str) -> tarfile.TarInfo:
 
 def iter_members(reader: FrameReader, what: str) -> Iterator[tarfile.TarInfo]:
     """Each member's header, with pax and GNU long-name overrides applied."""
+    import tarfile  # here: only this, the pure-Python member loop, reads headers into TarInfo
+
     overrides: dict[str, str] = {}
     while True:
         block = reader.read_exact(BLOCK)

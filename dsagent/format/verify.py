@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import stat
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dsagent.errors import IntegrityError, InvalidInput, NotFound
@@ -81,6 +80,8 @@ def verify_tree(directory: str | os.PathLike[str], manifest: Manifest, *, worker
         with translate_errors(f"file {entry.path!r}"):
             digest, _ = hash_file(root / entry.path, buffer)
         return None if digest == entry.digest else f"wrong content: {entry.path}"
+
+    from concurrent.futures import ThreadPoolExecutor  # here: dsctl unpack imports this module and verifies nothing
 
     with ThreadPoolExecutor(workers or min(8, 2 * cores.usable())) as pool:
         problems += [p for p in pool.map(check, present) if p]

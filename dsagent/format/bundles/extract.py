@@ -37,16 +37,13 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import stat
-import tarfile
 import threading
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import xxhash
 
@@ -78,6 +75,9 @@ from dsagent.format.tarstream import FrameReader, iter_members, read_data, tar_b
 from dsagent.format.verify import verify_tree
 from dsplatform import cores
 
+if TYPE_CHECKING:
+    import tarfile
+
 STAGING_DIR = ".dsagent-staging"
 #: the most threads decoding one bundle's frames (:func:`frame_decoders`)
 FRAME_DECODERS_MAX = 8
@@ -85,7 +85,6 @@ FRAME_DECODERS_MAX = 8
 #: hold ahead of the thread that parses, hashes and writes the files.
 UNPACK_AHEAD = 2
 _OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-_REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
 #: errors of a rename into the target that mean something is in the way there (a conflict)
 _IN_THE_WAY = (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR)
 
@@ -105,12 +104,14 @@ __all__ = [
 
 
 def _reject_unsafe(member: tarfile.TarInfo, bundle: BundleRef) -> None:
+    import tarfile  # loaded by the member loop that parsed ``member`` (tarstream.iter_members)
+
     where = f"bundle {bundle.digest}: member {member.name!r}"
     if member.issym() or member.islnk():
         raise UnsafeArchive(f"{where} is a link", hint="bundles hold regular files only")
     if member.ischr() or member.isblk() or member.isfifo():
         raise UnsafeArchive(f"{where} is a device or FIFO", hint="bundles hold regular files only")
-    if member.type not in _REGULAR:
+    if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
         raise UnsafeArchive(f"{where} is not a regular file (type {member.type!r})")
     name = member.name
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
@@ -161,6 +162,8 @@ class _Staging:
     def remove(self) -> None:
         if self.in_place:
             return  # the caller removes its whole stage on an error
+        import shutil  # here: dsctl unpack writes in place and removes a tree only on an error
+
         shutil.rmtree(self.root, ignore_errors=True)
         try:
             self.root.parent.rmdir()
@@ -533,6 +536,8 @@ def _unpack_bundles(
     if can_fork():
         _in_processes((store, manifest, stage, storage_options, native), progress, min(count, len(manifest.bundles)))
         return
+    from concurrent.futures import ThreadPoolExecutor  # here: bundles one at a time, or forked, need no pool
+
     shared = _locked(progress)
     with ThreadPoolExecutor(count, thread_name_prefix="dsagent-unpack") as pool:
         futures = [
@@ -594,6 +599,8 @@ def unpack(
         os.replace(stage, target)
         syncfs(target.parent)
     except BaseException:
+        import shutil  # here: only a failed unpack removes its stage
+
         shutil.rmtree(stage, ignore_errors=True)
         raise
     return manifest

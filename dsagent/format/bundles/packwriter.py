@@ -23,12 +23,10 @@ import copy
 import functools
 import os
 import queue
-import tarfile
 import threading
 from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import xxhash
@@ -44,10 +42,12 @@ from dsagent.format.manifest import (
 )
 from dsagent.format.oneversion import open_one_version
 from dsagent.format.storage import translate_errors
-from dsagent.format.tarstream import USTAR, USTAR_BASE, USTAR_FIXED, USTAR_LIMIT, USTAR_TAIL
+from dsagent.format.tarstream import BLOCK, RECORD, USTAR, USTAR_BASE, USTAR_FIXED, USTAR_LIMIT, USTAR_TAIL
 from dsagent.format.walk import is_local
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from fsspec.spec import AbstractFileSystem
 
 #: Remote sources: files up to this size are fetched whole, ahead of the writer.
@@ -58,8 +58,7 @@ PREFETCH_THREADS = 16
 #: frame encoder (so at most 8 MiB read ahead per bundle being written), and one more for each
 #: buffer an encoder with many threads holds beyond the usual (a frame writer's ``extra_held``).
 PIPELINE_BUFFERS = 8
-_BLOCK = tarfile.BLOCKSIZE
-_ZEROS = bytes(2 * tarfile.RECORDSIZE)
+_ZEROS = bytes(2 * RECORD)
 
 
 def tar_stream(directory: Path, entries: Sequence[FileEntry], chunk: int = 1 << 20) -> Generator[bytes, None, None]:
@@ -82,14 +81,16 @@ def tar_stream(directory: Path, entries: Sequence[FileEntry], chunk: int = 1 << 
                     yield data
             finally:
                 os.close(fd)
-            if entry.size % _BLOCK:
-                yield b"\0" * (_BLOCK - entry.size % _BLOCK)
-        yield b"\0" * (2 * _BLOCK)
+            if entry.size % BLOCK:
+                yield b"\0" * (BLOCK - entry.size % BLOCK)
+        yield b"\0" * (2 * BLOCK)
     finally:
         os.close(root)
 
 
 def _tar_header_slow(entry: FileEntry) -> bytes:
+    import tarfile  # here: only a path or size a plain header cannot hold goes through tarfile
+
     info = tarfile.TarInfo(entry.path)
     info.size = entry.size
     info.mtime = entry.mtime_ns // 1_000_000_000
@@ -280,8 +281,8 @@ class BundleWriter:
             if size != entry.size:
                 raise _changed_while_packed(entry)
             digests += digest
-            if size % _BLOCK:
-                tar.zeros(_BLOCK - size % _BLOCK)
+            if size % BLOCK:
+                tar.zeros(BLOCK - size % BLOCK)
             if self._progress is not None:
                 with self._lock:
                     self._progress(size, 1)
