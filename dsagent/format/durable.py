@@ -17,7 +17,6 @@ import errno
 import functools
 import os
 import threading
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,7 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Write ``path`` whole or not at all: a temp file beside it (never through a planted
     link), fsync, rename, fsync of the directory. A failure leaves no temp file behind."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.urandom(16).hex()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         with os.fdopen(fd, "wb") as fh:

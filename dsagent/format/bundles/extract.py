@@ -39,7 +39,6 @@ import errno
 import os
 import stat
 import threading
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -141,7 +140,7 @@ class _Staging:
             self._prefix = f"{self.root}/"
             return
         self._names = None
-        self.root = dest_dir / STAGING_DIR / f"{bundle.digest}-{uuid.uuid4().hex[:8]}"
+        self.root = dest_dir / STAGING_DIR / f"{bundle.digest}-{os.urandom(4).hex()}"
         for _ in range(100):  # a bundle finishing beside us may remove the shared parent
             try:
                 self.root.parent.mkdir(exist_ok=True)
@@ -584,7 +583,7 @@ def unpack(
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise Conflict(f"unpack target {target} exists and is not empty", hint="remove it or choose another directory")
     target.parent.mkdir(parents=True, exist_ok=True)
-    stage = target.parent / f".{target.name}.staging-{uuid.uuid4().hex[:8]}"
+    stage = target.parent / f".{target.name}.staging-{os.urandom(4).hex()}"
     stage.mkdir()
     since = writeback_for(stage).mark()
     try:

@@ -13,7 +13,6 @@ and the vectored write of a pipeline's pieces into a local file (:meth:`Counting
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Any
 
@@ -113,7 +112,7 @@ def store_object(fs: AbstractFileSystem, path: str, fill: Any) -> int:
     """Write one object atomically with ``fill(stream)``; the number of bytes written."""
     if is_local(fs):
         directory, _, base = path.rpartition("/")
-        tmp = f"{directory}/.{base}.{uuid.uuid4().hex}.tmp"
+        tmp = f"{directory}/.{base}.{os.urandom(16).hex()}.tmp"
         written = _write_synced(tmp, fill, base)
         try:
             os.replace(tmp, path)
@@ -143,7 +142,7 @@ def store_new_bundle(
     was new to the store)``.
     """
     directory = f"{root.rstrip('/')}/{BUNDLES_DIR}"
-    tmp = f"{directory}/.pack-{uuid.uuid4().hex}.tmp"
+    tmp = f"{directory}/.pack-{os.urandom(16).hex()}.tmp"
     read: list[bytes] = []  # the members' digests, once fill has returned them
 
     def record(raw: CountingWriter) -> None:
