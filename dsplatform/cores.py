@@ -18,45 +18,45 @@ under the mount (a cgroup v1 container whose mount is its own cgroup), the mount
 the process's cgroup.
 
 The files are read at each call (some tens of microseconds; no state kept): a test or an
-embedding passes its own ``cgroup`` root and ``proc`` file.
+embedding passes its own ``cgroup`` root and ``proc`` file. Paths are plain strings
+(``os.path``): ``dsctl digest`` and ``pack`` size their threads here and import no pathlib.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 
 #: where a container sees its own cgroup (cgroup namespaces, the default under Kubernetes)
-CGROUP = Path("/sys/fs/cgroup")
+CGROUP = "/sys/fs/cgroup"
 
 
 #: where the kernel names this process's cgroups
-PROC_CGROUP = Path("/proc/self/cgroup")
+PROC_CGROUP = "/proc/self/cgroup"
 
 #: the most cgroups above a process's that are read (the kernel nests cgroups at most
 #: ``cgroup.max.depth`` deep, unlimited by default; real hierarchies are a few levels)
 MAX_DEPTH = 32
 
 
-def cpu_limit(cgroup: Path = CGROUP, proc: Path = PROC_CGROUP) -> int | None:
+def cpu_limit(cgroup: str | os.PathLike[str] = CGROUP, proc: str | os.PathLike[str] = PROC_CGROUP) -> int | None:
     """The CPU limit of this process's cgroups under the mount at ``cgroup`` (``proc``:
     the file naming them), rounded up to whole cores: the lowest of its own cgroup's and
     those above it; None where none has one or the files cannot be read."""
     own = _own_cgroups(proc)
-    limits = [_v2_limit(d) for d in _upwards(cgroup, own.get(""))]
+    limits = [_v2_limit(d) for d in _upwards(os.fspath(cgroup), own.get(""))]
     for controller in ("cpu", "cpu,cpuacct"):  # cgroup v1: the mount named by its controllers
-        mount = cgroup / controller
+        mount = os.path.join(cgroup, controller)
         limits += [_v1_limit(d) for d in _upwards(mount, own.get("cpu"))]
     found = [limit for limit in limits if limit is not None]
     return min(found) if found else None
 
 
-def _own_cgroups(proc: Path) -> dict[str, str]:
+def _own_cgroups(proc: str | os.PathLike[str]) -> dict[str, str]:
     """``/proc/self/cgroup`` as controller -> path: ``""`` for the cgroup v2 hierarchy, ``"cpu"``
     for the v1 one the cpu controller is in; empty where it cannot be read."""
     try:
-        with proc.open(encoding="utf-8", errors="replace") as file:
+        with open(proc, encoding="utf-8", errors="replace") as file:
             text = file.read(65536)  # a few lines from the kernel; no more is read
     except OSError:
         return {}
@@ -70,28 +70,32 @@ def _own_cgroups(proc: Path) -> dict[str, str]:
     return out
 
 
-def _upwards(mount: Path, path: str | None) -> list[Path]:
+def _upwards(mount: str, path: str | None) -> list[str]:
     """The cgroup directories from the process's own up to the mount's root (the root
     alone where the path is unknown or not under this mount)."""
     parts = [p for p in (path or "").split("/") if p and p not in (".", "..")][:MAX_DEPTH]
-    own = mount.joinpath(*parts)
-    if not parts or not own.is_dir():
+    if not parts or not os.path.isdir(os.path.join(mount, *parts)):
         return [mount]
-    return [mount.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
+    return [os.path.join(mount, *parts[:i]) for i in range(len(parts), -1, -1)]
 
 
-def _v2_limit(cgroup: Path) -> int | None:
+def _read(path: str) -> str:
+    with open(path) as file:
+        return file.read()
+
+
+def _v2_limit(cgroup: str) -> int | None:
     try:
-        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
+        quota, period = _read(os.path.join(cgroup, "cpu.max")).split()[:2]
         return None if quota == "max" else _whole(int(quota), int(period))
     except (OSError, ValueError):
         return None
 
 
-def _v1_limit(cgroup: Path) -> int | None:
+def _v1_limit(cgroup: str) -> int | None:
     try:
-        quota_us = int((cgroup / "cpu.cfs_quota_us").read_text())
-        period_us = int((cgroup / "cpu.cfs_period_us").read_text())
+        quota_us = int(_read(os.path.join(cgroup, "cpu.cfs_quota_us")))
+        period_us = int(_read(os.path.join(cgroup, "cpu.cfs_period_us")))
     except (OSError, ValueError):
         return None
     return _whole(quota_us, period_us)
@@ -101,7 +105,7 @@ def _whole(quota: int, period: int) -> int | None:
     return max(1, math.ceil(quota / period)) if quota > 0 and period > 0 else None
 
 
-def usable(cgroup: Path = CGROUP, proc: Path = PROC_CGROUP) -> int:
+def usable(cgroup: str | os.PathLike[str] = CGROUP, proc: str | os.PathLike[str] = PROC_CGROUP) -> int:
     """The cores this process may use: the machine's, within its cpuset and its CPU limit."""
     count = os.cpu_count() or 1
     if hasattr(os, "sched_getaffinity"):

@@ -23,13 +23,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dsplatform.heap import collector_paused
 from dsplatform.units import format_size
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from dsagent.format.digestcache import DigestCache
     from dsagent.format.manifest import Manifest, Progress
     from dsagent.format.storageconfig import Options
@@ -48,6 +49,8 @@ def rate(size: int, seconds: float) -> str:
 
 def digest_cache_path(environ: Mapping[str, str]) -> Path:
     """``$DSAGENT_DIGEST_CACHE``, else ``$XDG_CACHE_HOME/dsplatform/digests.sqlite``."""
+    from pathlib import Path  # here: a command without the digest cache needs no path objects
+
     from dsplatform.paths import cache_home
 
     explicit = environ.get("DSAGENT_DIGEST_CACHE")

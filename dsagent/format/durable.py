@@ -17,8 +17,10 @@ import errno
 import functools
 import os
 import threading
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def fsync(fd: int, path: str | os.PathLike[str]) -> None:

@@ -17,7 +17,6 @@ import sys
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, overload
-from urllib.parse import unquote
 
 from dsagent.errors import InvalidInput, NotFound
 from dsagent.format import native
@@ -355,6 +354,8 @@ def mtime_ns(info: Mapping[str, Any]) -> int:
 
 
 def walk_remote(fs: AbstractFileSystem, root: str) -> tuple[list[Found], list[str]]:
+    from urllib.parse import unquote  # here: a local walk reads no URL
+
     listing = fs.find(root, withdirs=True, detail=True)
     prefix = root.rstrip("/") + "/"
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
