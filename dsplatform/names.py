@@ -37,21 +37,22 @@ DIGEST_LENGTH = 32
 NAME_HINT = f"use 1-{NAME_MAX_LENGTH} letters, digits, '.', '_' or '-', starting with a letter or digit"
 DIGEST_HINT = f"a digest is {DIGEST_LENGTH} lowercase hex characters"
 
+#: compiled here, as every command checks names and digests; the patterns below are
+#: compiled on first use (``re``'s cache), so that ``dsctl`` does not compile them at start-up
 _NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{NAME_MAX_LENGTH - 1}}}")
 _DIGEST = re.compile(rf"[0-9a-f]{{{DIGEST_LENGTH}}}")
 TASK_ID_MAX_LENGTH = 253
 TASK_ID_HINT = (
     f"use 1-{TASK_ID_MAX_LENGTH} letters, digits, '.', '_', ':' or '-', e.g. a pod UID (case does not matter)"
 )
-_TASK_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._:-]{{0,{TASK_ID_MAX_LENGTH - 1}}}")
+_TASK_ID = rf"[A-Za-z0-9][A-Za-z0-9._:-]{{0,{TASK_ID_MAX_LENGTH - 1}}}"
 
 DNS_LABEL_MAX_LENGTH = 63
 DNS_SUBDOMAIN_MAX_LENGTH = 253
 QUALIFIED_NAME_MAX_LENGTH = 63
 _LABEL = "[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
-_DNS_LABEL = re.compile(_LABEL)
-_DNS_SUBDOMAIN = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
-_QUALIFIED_PART = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_DNS_SUBDOMAIN = rf"{_LABEL}(?:\.{_LABEL})*"
+_QUALIFIED_PART = r"[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?"
 
 
 def is_name(name: object) -> bool:
@@ -64,7 +65,7 @@ def is_digest(digest: object) -> bool:
 
 def is_dns_label(value: object) -> bool:
     """A DNS-1123 label: 1-63 of ``a-z 0-9 -``, a letter or digit at both ends."""
-    return isinstance(value, str) and len(value) <= DNS_LABEL_MAX_LENGTH and _DNS_LABEL.fullmatch(value) is not None
+    return isinstance(value, str) and len(value) <= DNS_LABEL_MAX_LENGTH and re.fullmatch(_LABEL, value) is not None
 
 
 def is_dns_subdomain(value: object) -> bool:
@@ -72,7 +73,7 @@ def is_dns_subdomain(value: object) -> bool:
     return (
         isinstance(value, str)
         and len(value) <= DNS_SUBDOMAIN_MAX_LENGTH
-        and _DNS_SUBDOMAIN.fullmatch(value) is not None
+        and re.fullmatch(_DNS_SUBDOMAIN, value) is not None
     )
 
 
@@ -84,7 +85,7 @@ def is_qualified_name(value: object) -> bool:
     prefix, slash, name = value.rpartition("/")
     if slash and not is_dns_subdomain(prefix):
         return False
-    return len(name) <= QUALIFIED_NAME_MAX_LENGTH and _QUALIFIED_PART.fullmatch(name) is not None
+    return len(name) <= QUALIFIED_NAME_MAX_LENGTH and re.fullmatch(_QUALIFIED_PART, name) is not None
 
 
 def resource_prefix_problem(prefix: object) -> str | None:
@@ -107,17 +108,16 @@ def pod_uid_pattern(separator: str = "-") -> str:
 
 
 POD_UID_PATTERN = pod_uid_pattern()
-_POD_UID = re.compile(POD_UID_PATTERN)
 
 
 def is_pod_uid(value: object) -> bool:
     """Whether ``value`` is a pod's UID (``metadata.uid``), exactly."""
-    return isinstance(value, str) and _POD_UID.fullmatch(value) is not None
+    return isinstance(value, str) and re.fullmatch(POD_UID_PATTERN, value) is not None
 
 
 def canonical_task_id(task_id: object) -> str | None:
     """``task_id`` in its one form (lower case), or None when it is not a task id."""
-    if not isinstance(task_id, str) or _TASK_ID.fullmatch(task_id) is None:
+    if not isinstance(task_id, str) or re.fullmatch(_TASK_ID, task_id) is None:
         return None
     return task_id.lower()
 

@@ -59,7 +59,7 @@ def format_size(n: int | float) -> str:
     return f"{value:.3g} {unit}"
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|)\s*$")
+_DURATION = r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|)\s*$"  # compiled on first use: dsctl reads no duration
 _DURATION_UNITS = {"ms": 0.001, "": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
@@ -68,7 +68,7 @@ def parse_duration(text: str | float | int) -> float:
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
     else:
-        match = _DURATION.match(str(text))
+        match = re.match(_DURATION, str(text))
         if match is None:
             raise UnitError(
                 f"invalid duration {text!r}", hint="use seconds or a number with ms, s, m, h or d, e.g. 30s, 6h, 7d"

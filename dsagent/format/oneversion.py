@@ -41,7 +41,7 @@ from dsagent.format.storage_errors import CHANGED_HINT
 
 #: Protocols whose validators are HTTP's: ``ETag`` and ``Last-Modified``.
 _HTTP = frozenset({"http", "https"})
-_HEX = re.compile(r"[0-9a-f]+")
+_HEX = r"[0-9a-f]+"  # compiled on first use: only HTTP(S) objects are asked
 
 
 def identifies_content(info: Mapping[str, Any]) -> bool:
@@ -60,7 +60,7 @@ def _from_mtime_and_size(tag: str, size: Any) -> bool:
     or three hex fields (nginx, Apache), one of them the size when the size is known. An
     S3 multipart ETag (``<md5>-<parts>``) has two hex fields too, but neither is the size."""
     fields = tag.lower().split("-")
-    if not 2 <= len(fields) <= 3 or not all(_HEX.fullmatch(f) for f in fields):
+    if not 2 <= len(fields) <= 3 or not all(re.fullmatch(_HEX, f) for f in fields):
         return False
     if isinstance(size, int) and not isinstance(size, bool):
         return format(size, "x") in fields

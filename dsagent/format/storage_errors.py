@@ -147,7 +147,7 @@ def classify(exc: BaseException, what: str) -> DsagentError | None:
     status = _http_status(exc)
     detail = _short(exc)
     if isinstance(exc, TypeError):
-        unknown = _UNEXPECTED_KEYWORD.search(str(exc))
+        unknown = re.search(_UNEXPECTED_KEYWORD, str(exc))
         if unknown is not None:
             return InvalidInput(
                 f"{what}: storage option {unknown.group(1)!r} is not accepted by this filesystem",
@@ -210,7 +210,7 @@ def bodiless(exc: BaseException) -> bool:
     return code is None or code.isdigit()
 
 
-_UNEXPECTED_KEYWORD = re.compile(r"unexpected keyword argument '([^']+)'")
+_UNEXPECTED_KEYWORD = r"unexpected keyword argument '([^']+)'"  # compiled on first use: an error's
 
 
 def _option_hint(key: str) -> str:

@@ -87,7 +87,7 @@ _PLAIN_FIXED, _PLAIN_TAIL = _PLAIN[100:124], _PLAIN[156:]
 _BLANK_CHECKSUM = sum(b" " * 8)
 #: The checksum of a plain header before its name, size and mtime are added.
 USTAR_BASE = sum(_PLAIN) + _BLANK_CHECKSUM
-_OCTAL_11 = re.compile(rb"[0-7]{11}\0")
+_OCTAL_11 = rb"[0-7]{11}\0"  # compiled on first use: the C member loop checks its own headers
 _ZERO_BLOCK = bytes(BLOCK)
 
 #: Zero bytes a tar writer may add after the end-of-archive block (ours: two records).
@@ -431,7 +431,7 @@ def _plain_header(block: bytes) -> tarfile.TarInfo | None:
     if block[100:124] != _PLAIN_FIXED or block[156:] != _PLAIN_TAIL:
         return None
     size, mtime = block[124:136], block[136:148]
-    if not (_OCTAL_11.fullmatch(size) and _OCTAL_11.fullmatch(mtime)):
+    if not (re.fullmatch(_OCTAL_11, size) and re.fullmatch(_OCTAL_11, mtime)):
         return None
     if block[148:156] != b"%06o\0 " % (sum(block) - sum(block[148:156]) + _BLANK_CHECKSUM):
         return None
