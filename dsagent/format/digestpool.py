@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
 import sys
 import threading
 from collections import deque
@@ -195,6 +194,8 @@ def _serve(conn: Connection, snapshot: _Snapshot | None, inherited: list[Connect
     ``inherited`` are the parent's ends of the pipes, copied by the fork: closed here so
     that a parent that dies (even by kill -9) ends every worker's ``recv``.
     """
+    import signal  # here, after the fork: a digest on threads sets no handler
+
     for other in inherited:
         other.close()
     # Ctrl-C reaches the whole process group: the parent handles it (and kills this one)
