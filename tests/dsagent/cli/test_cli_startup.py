@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from dsagent.format import native
 from dsagent.format.bundles.bundle import pack
 from dsagent.format.storage import local_path
 from tests.conftest import REPO_ROOT
@@ -35,11 +37,19 @@ print(json.dumps({"code": code, "modules": sorted(sys.modules)}), file=sys.stder
 """
 
 
-def _loaded(args: list[str], tmp_path: Path) -> tuple[int, set[str]]:
+def _loaded(args: list[str], tmp_path: Path, *, bare: bool = False) -> tuple[int, set[str]]:
+    """The command's exit code and the modules its process loaded; ``bare``: without the site's
+    start-up files (``-S``: an editable install's import hook loads pathlib into every
+    interpreter), the site-packages put on the path instead, and the native loops' switch
+    left unset."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "DSAGENT_DIGEST_CACHE": str(tmp_path / "digests.sqlite")}
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path
-    )
+    flags: list[str] = []
+    if bare:
+        flags = ["-S"]
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *site.getsitepackages()])
+        env.pop("DSAGENT_NATIVE", None)
+    command = [sys.executable, *flags, "-c", _PROBE, *args]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     report = json.loads(done.stderr.strip().splitlines()[-1])
     return report["code"] or 0, set(report["modules"])
 
@@ -148,6 +158,29 @@ def test_dsctl_pack_and_unpack_of_local_paths_start_without_click_and_say_what_c
     assert outputs["quick"] == outputs["click"]
     code, modules = _loaded(["unpack", str(tmp_path / "quick"), str(tmp_path / "x"), "--name", "nope"], tmp_path)
     assert code == 3 and "click" not in modules  # a deliberate error: its exit code, on the quick way too
+
+
+def test_dsctl_digest_pack_and_unpack_of_local_paths_leave_rare_paths_modules_unloaded(tmp_path: Path) -> None:
+    """Each of these cost dsctl's start-up a millisecond or more, and is imported by the path
+    that needs it: tarfile by a pax header or the Python member loop, the thread pools (and
+    logging with them) where a pool is started, shutil by a failed unpack's cleanup,
+    pathlib (and urllib.parse) by unpack's target and the digest cache, signal by a forked
+    hashing process; uuid and platform by none."""
+    src = write_tree(tmp_path / "src", {"a/1.jpg": b"x" * 3000, "b/2.jpg": b"y" * 10, "c/empty/.keep": b""})
+    everywhere = {"uuid", "shutil", "signal", "bz2", "lzma"}
+    native_only = {"tarfile"} if native.AVAILABLE else set()  # the Python member loop reads TarInfo headers
+    pool_free = {"concurrent.futures", "logging"} if native.AVAILABLE else set()  # the Python hashing threads
+    for args, unloaded in (
+        (["digest", str(src), "--no-digest-cache"], {"pathlib", "urllib.parse", "tarfile", "platform", *pool_free}),
+        (["pack", str(src), "--name", "d", "--to", str(tmp_path / "store"), "--no-digest-cache"],
+         {"pathlib", "urllib.parse", "tarfile"}),
+        (["unpack", str(tmp_path / "store"), str(tmp_path / "out"), "--name", "d"],
+         {"platform", "concurrent.futures", "logging", *native_only}),
+    ):  # fmt: skip
+        code, modules = _loaded(args, tmp_path, bare=True)
+        assert code == 0, args
+        assert not modules & (everywhere | unloaded), args
+    assert (tmp_path / "out" / "a" / "1.jpg").read_bytes() == b"x" * 3000
 
 
 def test_dsctl_cache_does_not_import_the_agent_app(tmp_path: Path) -> None:
