@@ -521,8 +521,6 @@ def _unpack_bundles(
     where this process may fork (Linux, no other thread), else on threads. ``writers``: the
     threads writing each bundle's files when they go one after another (None:
     :func:`member_writers`)."""
-    from dsagent.format.digestpool import can_fork
-
     if count <= 1 or len(manifest.bundles) <= 1:
         decoders = frame_decoders(1)  # one bundle at a time: the spare cores decode its frames
         writers = member_writers(1) if writers is None else writers  # and write its files
@@ -532,6 +530,8 @@ def _unpack_bundles(
                 native=native, in_place=True, decoders=decoders, writers=writers,
             )  # fmt: skip
         return
+    from dsagent.format.digestpool import can_fork  # here: bundles one at a time never fork
+
     if can_fork():
         _in_processes((store, manifest, stage, storage_options, native), progress, min(count, len(manifest.bundles)))
         return
