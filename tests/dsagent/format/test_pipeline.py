@@ -70,6 +70,12 @@ def test_fast_tar_headers_are_byte_for_byte_what_tarfile_writes() -> None:
         assert packwriter.tar_header(entry) == packwriter._tar_header_slow(entry), entry
 
 
+def test_the_tar_block_and_record_sizes_are_tarfiles() -> None:
+    from dsagent.format import tarstream
+
+    assert (tarstream.BLOCK, tarstream.RECORD) == (tarfile.BLOCKSIZE, tarfile.RECORDSIZE)
+
+
 def _as_read(info: tarfile.TarInfo | None) -> tuple[object, ...] | None:
     return None if info is None else (info.name, info.size, info.mtime, info.mode, info.type, info.linkname)
 
