@@ -210,7 +210,7 @@ def bodiless(exc: BaseException) -> bool:
     return code is None or code.isdigit()
 
 
-_UNEXPECTED_KEYWORD = r"unexpected keyword argument '([^']+)'"  # compiled on first use: an error's
+_UNEXPECTED_KEYWORD = r"unexpected keyword argument '([^']+)'"  # compiled on first use: a failed call's
 
 
 def _option_hint(key: str) -> str:
