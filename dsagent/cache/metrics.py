@@ -48,6 +48,11 @@ The metrics (all prefixed ``dsplatform_agent_``, docs/design.md#metrics):
   same request is the agent's ``audit`` log line. ``namespace_refusals_total{namespace}``:
   pins refused because the namespace holds its share of the cache. The namespace label is
   bounded by the cluster's namespaces, and only the controller (the admin token) sets it.
+- ``stripe_reader_bytes_total{source}``: bytes of the striped bundles this node's readers
+  opened (the reader's streams, :meth:`dsagent.cache.striped.stripes.StripeShares.open_bundle`),
+  by where each was: ``share`` (this node's own disk) or ``window`` (another member's bundle,
+  fetched for the reader). Their ratio is what a striped Dataset reads locally on the node
+  (a whole copy is read from local disk by the pod's mount, and not counted here).
 - ``native_loops``: 1 when the native digest, pack and unpack loops run (built, and not
   switched off by ``DSAGENT_NATIVE``; docs/design-native.md), 0 when the pure-Python loops run.
 - ``build_info{version}`` = 1.
@@ -78,6 +83,8 @@ HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 STORE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 _GAUGE_STATES = ("ready", "fetching", "failed")
+#: where a striped bundle a reader opened was (``stripe_reader_bytes_total{source}``)
+STRIPE_READ_SOURCES = ("share", "window")
 #: Reasons :mod:`dsagent.cache.space` evicts for (``operator``: ``dsctl evict`` by name).
 EVICTION_REASONS = ("space", "superseded", "idle", "operator")
 
@@ -182,6 +189,12 @@ class Metrics(MetricSet):
             "namespace",
             "status",
         )
+        self.stripe_reader_bytes = self.counter(
+            "stripe_reader_bytes",
+            "Bytes of striped bundles this node's readers opened, by where each was: share (this node's disk) "
+            "or window (another member's, fetched for the reader).",
+            "source",
+        )
         self.namespace_refusals = self.counter(
             "namespace_refusals",
             "Pins refused because the namespace holds its share of this node's cache.",
@@ -195,6 +208,8 @@ class Metrics(MetricSet):
         self.fetches.labels(result="ok")
         for direction in ("served", "fetched"):  # visible (0) before the first transfer
             self.peer_bytes.labels(direction=direction)
+        for source in STRIPE_READ_SOURCES:  # a local-read ratio has both terms from the start
+            self.stripe_reader_bytes.labels(source=source)
         for protocol in protocols:  # per-protocol panels and alerts see every allowed store at 0
             self.store_seconds.labels(protocol=protocol)
             self.store_errors.labels(protocol=protocol, code="source_unavailable")
@@ -227,6 +242,10 @@ class Metrics(MetricSet):
     def peer_transfer(self, direction: str, size_bytes: int) -> None:
         """``direction``: ``served`` (to another agent) or ``fetched`` (from one)."""
         self.peer_bytes.labels(direction=direction).inc(size_bytes)
+
+    def stripe_read(self, source: str, size_bytes: int) -> None:
+        """A striped bundle a reader opened: ``source`` ``share`` (this node's) or ``window``."""
+        self.stripe_reader_bytes.labels(source=source).inc(size_bytes)
 
     def link_transfer(self, link: str, source: str, size_bytes: int) -> None:
         """A bundle fetched over ``link`` (a local address) from a ``peer`` or the ``store``."""

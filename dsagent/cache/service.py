@@ -122,6 +122,7 @@ class CacheService:
             disk=self.node.store.allocated,
             capacity=self._capacity,
             pods_reported=hooks.reports_pods,
+            metrics=self.metrics,
         )
         self._space.shares = self.stripes  # shares count in the space and are evicted in order
         self._served = BundleLocator(

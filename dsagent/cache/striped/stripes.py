@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from dsagent.cache.layout import Key
+from dsagent.cache.metrics import Metrics
 from dsagent.cache.peers import PeerFetcher, ServedBundle
 from dsagent.cache.pools import Pools
 from dsagent.cache.settings import Settings
@@ -98,8 +99,10 @@ class StripeShares(ShareRecords, ShareFill):
         disk: Callable[[int, int], int],
         capacity: Callable[[], Awaitable[int]] | None = None,
         pods_reported: bool = False,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
+        self.metrics = metrics  # the agent's: what its readers read from the share and the window
         self.pools = pools
         self.peers = peers
         self.clock = clock
@@ -510,6 +513,8 @@ class StripeShares(ShareRecords, ShareFill):
             share.last_used = self.clock()
             if local and bundle in share.held:
                 self.counts["served_local"] += 1
+                if self.metrics is not None:
+                    self.metrics.stripe_read("share", ref.size)
                 share.readers += 1
                 stream.holding(lambda: _done_reading(share))
                 return self.share_dir(key), entries, stream
@@ -533,6 +538,8 @@ class StripeShares(ShareRecords, ShareFill):
             # in the bytes heldBytes counts (the layout's sizes are the manifest's), so the
             # placement weighs one against the other
             share.window_bytes += ref.size
+            if self.metrics is not None:
+                self.metrics.stripe_read("window", ref.size)
             stream.holding(release)
             return where, entries, stream
         except BaseException:
