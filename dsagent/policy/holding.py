@@ -14,20 +14,22 @@ The rule:
   job's own nodes wherever they can hold it (:func:`members_wanted`), so that each rank reads
   its own node's share from local disk. More members join only in three cases. Where the
   job's nodes are too few to hold the version with the rule's headroom and per-member
-  budget. Where a job's node will read a version through the window that other nodes hold
-  whole: those nodes join (they own their part without moving a byte), so its reads are
-  spread over every copy the cluster holds instead of one node's upload. And where a
-  version that fits a node is read through the window because a job's node has no room
-  for it: it has at least :data:`WINDOW_MEMBERS` members, the roomiest nodes joining the
-  job's, so that node's every epoch is served by that many uploads, each a fraction of
-  what one node's disk and network serve. So has a larger version where a job's node joins
-  without a share (it has no room for one): that node, too, reads every byte through the
-  window. An earlier member that still holds its share stays when the next job reads the
-  version on other nodes: its bytes are not fetched from the store again, and the cache's
-  eviction, not the group, decides when they go. A
-  member holding the version whole keeps it whole while it stays a member, whether or not
-  its pods still read it; one the group lets go keeps its copy (the controller releases it
-  with ``keep=whole``) until the cache evicts it.
+  budget (a one-node job's version larger than its node, always): then the group has at
+  least :data:`WINDOW_MEMBERS` members, the roomiest nodes joining the job's, so that what
+  the job's nodes read through the window (all but their own shares) is served by that
+  many uploads, each a fraction of what one node's disk and network serve, instead of by
+  the few members the budget alone would ask for. Where a job's node will read a version
+  through the window that other nodes hold whole: those nodes join (they own their part
+  without moving a byte), so its reads are spread over every copy the cluster holds
+  instead of one node's upload. And where a version that fits a node is read through the
+  window because a job's node has no room for it: it has at least :data:`WINDOW_MEMBERS`
+  members too, and so has a larger version where a job's node joins without a share (it
+  has no room for one): that node, too, reads every byte through the window. An earlier
+  member that still holds its share stays when the next job reads the version on other
+  nodes: its bytes are not fetched from the store again, and the cache's eviction, not the
+  group, decides when they go. A member holding the version whole keeps it whole while it
+  stays a member, whether or not its pods still read it; one the group lets go keeps its
+  copy (the controller releases it with ``keep=whole``) until the cache evicts it.
 - **A job's node that started on a share is made whole later only once it has paid for
   it** (:func:`worth_whole`): when room appears, the node would fetch every bundle it lacks
   while its pods go on reading; it does so once its readers have taken at least that many
@@ -60,8 +62,10 @@ from dsplatform.stripe import group_size
 #: job reads about 1/k of a larger version from its own disk (docs/simulator.md, known limits)
 SHARE_BUDGET = 0.5
 
-#: the fewest members of a version that fits a node but that a job's node reads through the
-#: window for want of room (it holds a share, or none): each member serves its part of every
+#: the fewest members of a version a job's node reads through the window where the group
+#: reaches past the job's nodes anyway: one that fits a node but that a job's node has no
+#: room for (it holds a share, or none), or a larger one the job's nodes are too few to
+#: hold (:func:`choose_placement`): each member serves its part of every
 #: epoch from its own disk and upload, a few
 #: GB/s over TCP (tools/sim/rates.py, ``node_serve_bytes_per_s``: 3 GB/s). A node of 8 GPUs
 #: reading 300 MB/s each (2.4 GB/s) then takes about 150 MB/s from each of 16 members, and
@@ -118,8 +122,8 @@ def members_wanted(
     plus ``copies``, the nodes outside the job holding the version whole where a job's node
     will read it through the window, and ``kept``, the earlier members outside the job that
     still hold their share of it (:func:`choose_placement` counts both); at least
-    :data:`WINDOW_MEMBERS` where a job's node reads it ``through`` the window for want of
-    room (it fits a node). A member that holds
+    :data:`WINDOW_MEMBERS` where a job's node reads it ``through`` the window and the group
+    reaches past the job's nodes anyway (:func:`choose_placement` says when). A member that holds
     its share stays: dropping it would have the next reader fetch those bytes from the store
     again, while keeping it costs only the disk the cache's eviction takes back when it
     needs the room (a member whose share was evicted holds nothing and leaves; one holding
@@ -176,9 +180,17 @@ def choose_placement(
         caches = [by_name[n].cache_bytes for n in job if by_name[n].cache_bytes > 0]
         smallest = min(caches) if caches else nodes.smallest_cache
         through = len(whole_job) < len(job)
-        # a version that fits a node but that a job's node has no room for: read through the
-        # window for want of room, not size (a larger one is the job's nodes' shares)
-        spread = through and smallest is not None and holding(size_bytes, cache_bytes=smallest, ratio=ratio) is WHOLE
+        # a job's node reads through the window and the group reaches past the job's nodes
+        # anyway: a version that fits a node (the job's node has no room for it), or a larger
+        # one the job's nodes are too few to hold. Its window reads are then spread over
+        # WINDOW_MEMBERS uploads; a larger version the job's nodes can hold is their shares.
+        spread = (
+            through and smallest is not None and smallest > 0
+            and (
+                holding(size_bytes, cache_bytes=smallest, ratio=ratio) is WHOLE
+                or group_size(size_bytes, smallest, headroom=ratio, budget=SHARE_BUDGET) > len(job)
+            )
+        )  # fmt: skip
         copies = nodes.whole.difference(job) if through else set()
         kept = _kept(by_name, before, no_share_before, skip={*job, *copies})
         members = (

@@ -38,12 +38,12 @@ def test_the_simulator_calls_the_controllers_group_choice() -> None:
 
 
 def _two_jobs(monkeypatch: pytest.MonkeyPatch, choose: object) -> tuple[Simulation, list[set[int]]]:
-    """A 2 TB version (shares: 1.2 x 2 TB > one 1 TB cache; a group of five) read by a one-node
-    job, then by an eight-node job that starts while the first still runs: at least three of
-    its nodes are outside the group it finds."""
+    """A 2 TB version (shares: 1.2 x 2 TB > one 1 TB cache; a group of five) read by a five-node
+    job (its group: its own nodes), then by an eight-node job that starts while the first
+    still runs: at least three of its nodes are outside the group it finds."""
     monkeypatch.setattr(stripereads, "choose_placement", choose)
     data = [Dataset("big", 2 * TB, (0.0,))]
-    jobs = [_job(0, 0.0, 1, "big", 20_000.0), _job(1, 100.0, 8, "big")]
+    jobs = [_job(0, 0.0, 5, "big", 20_000.0), _job(1, 100.0, 8, "big")]
     sim = Simulation("ours+stripe", jobs, data, _params(16), seed=3)
     seen: list[set[int]] = []
     start = sim._start
@@ -308,7 +308,8 @@ def test_a_copy_being_fetched_whole_joins_the_group_whole_and_is_not_replaced_by
 
 def test_a_group_is_formed_as_the_products_placement_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     # a 2 TB version on 1 TB caches, read by a one-node job: the controller's placement (the
-    # size rule's five members, ceil(1.2 x 2 TB / (0.5 x 1 TB))) is the group the simulator forms
+    # size rule's five members, ceil(1.2 x 2 TB / (0.5 x 1 TB)), are more than the job's one
+    # node, so the window's WINDOW_MEMBERS) is the group the simulator forms
     answers: list[tuple[dict[str, object], holding.Placement]] = []
 
     def recording(nodes: object, **kw: object) -> holding.Placement:
@@ -321,7 +322,8 @@ def test_a_group_is_formed_as_the_products_placement_answers(monkeypatch: pytest
     sim = Simulation("ours+stripe", [_job(0, 0.0, 1, "big")], data, _params(16), seed=3).run()
     asked, first = answers[0]
     job_node = sim.outcomes[0].workers[0].node.index
-    assert asked["job_nodes"] == [str(job_node)] and len(first.members) == 5 and first.members[0] == str(job_node)
+    assert asked["job_nodes"] == [str(job_node)] and len(first.members) == holding.WINDOW_MEMBERS
+    assert first.members[0] == str(job_node)
     group = sim.stripes[("big", 0)]
     assert [str(m) for m in group.members] == first.members
     assert sum(group.owned.values()) == pytest.approx(2 * TB, rel=1e-6)

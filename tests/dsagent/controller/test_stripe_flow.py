@@ -299,8 +299,9 @@ def test_a_version_that_fits_is_held_whole_on_the_jobs_nodes_and_not_spread(
     assert sorted(puts) == ["n1", "n2"] and all(body["whole"] is True for body in puts.values())
     assert all(body["members"] == ["n1", "n2"] for body in puts.values())
     # a version larger than a node (150 GB, 1.2 x 150 > 100): shares over the job's nodes
-    # and, as the job's two are too few for the budget (ceil(1.2 x 150 / 50) = 4), the
-    # subnet's room; nobody is asked for a whole copy
+    # and, as the job's two are too few for the budget (ceil(1.2 x 150 / 50) = 4), the group
+    # reaches past them to the window's 16 members: here every node there is; nobody is
+    # asked for a whole copy
     puts.clear()
     status = {"digest": DIGEST, "bytes": 150 * GB}
     ds2 = make_dataset("huge", namespace="ml", bundles="s3://store/packs", status=status)
@@ -311,7 +312,7 @@ def test_a_version_that_fits_is_held_whole_on_the_jobs_nodes_and_not_spread(
         apiserver.create(pod)
     ctl.reconcile_all()
     huge = apiserver.get("datasets", "huge", "ml")["status"]["stripe"]
-    assert [n["node"] for n in huge["nodes"]][:2] == ["n4", "n5"] and huge["members"] == 4
+    assert [n["node"] for n in huge["nodes"]][:2] == ["n4", "n5"] and huge["members"] == 5
     assert not any(body.get("whole") for node, body in puts.items() if node in {n["node"] for n in huge["nodes"]})
 
 
@@ -717,7 +718,7 @@ def test_where_too_few_have_room_the_nodes_whose_caches_their_pods_do_not_hold_o
 
 
 def test_a_member_whose_agent_refused_its_share_is_replaced_at_the_next_pass() -> None:
-    # a 450 GB version over n1 (the job's) and n2, n3 (the size rule's three on 400 GB
+    # a 450 GB version over n1 (the job's) and n2, n3 (a Dataset of three members on 400 GB
     # caches); n2's agent answered the last pass "failed", holding none of it (its cache held
     # by pods' data). The next pass asks n4 in its place, not n2 again; a job's node that
     # failed stays (its pods read through it)
@@ -732,7 +733,7 @@ def test_a_member_whose_agent_refused_its_share_is_replaced_at_the_next_pass() -
             return 200, {"complete": True, "bytesHeld": 100 * GB, "bytesOwned": 100 * GB}
 
         status = stripe_status(
-            "big", {"stripe": "auto", "bundles": "s3://s/p"},
+            "big", {"stripe": {"members": 3}, "bundles": "s3://s/p"},
             {"bytes": 450 * GB, "digest": DIGEST, "stripe": {"nodes": last}}, invs,
             agent_call=agent, agent_urls={n: f"http://{n}" for n in invs}, job=["n1"],
         )  # fmt: skip

@@ -55,12 +55,28 @@ def test_a_fitting_version_is_whole_on_each_job_node_and_the_group_is_the_job() 
 
 
 def test_a_larger_version_is_shares_over_the_jobs_nodes_first() -> None:
-    nodes = _subnet(16)
+    nodes = _subnet(24)
     job = ["n1", "n2", "n5", "n9"]
     placement = choose_placement(nodes, size_bytes=6 * TB, job_nodes=job)  # 4 members wanted: the job's 4
     assert placement.members == job and placement.whole == []
-    more = choose_placement(nodes, size_bytes=12 * TB, job_nodes=job)  # ceil(14.4 / 2) = 8
-    assert more.members[:4] == job and len(more.members) == 8 and more.whole == []
+    # ceil(14.4 / 2) = 8 wanted: the job's 4 are too few, so the group reaches past them to
+    # WINDOW_MEMBERS, and what the job's nodes read through the window comes from 16 uploads
+    more = choose_placement(nodes, size_bytes=12 * TB, job_nodes=job)
+    assert more.members[:4] == job and len(more.members) == WINDOW_MEMBERS and more.whole == []
+    fixed = choose_placement(nodes, size_bytes=12 * TB, job_nodes=job, members=8)
+    assert fixed.members[:4] == job and len(fixed.members) == 8  # a Dataset's own count stands
+
+
+def test_a_one_node_jobs_larger_version_is_spread_over_window_members() -> None:
+    """One node cannot hold a version larger than its cache: its group reaches past it
+    whatever the budget asks (here 3), to WINDOW_MEMBERS, the job's node first, so that the
+    15 parts of every epoch it reads through the window come from 15 uploads, not 2."""
+    placement = choose_placement(_subnet(24), size_bytes=5 * TB, job_nodes=["n7"])
+    assert members_wanted(5 * TB, 4 * TB, 1) == 3
+    assert placement.members[0] == "n7" and len(placement.members) == WINDOW_MEMBERS
+    assert placement.no_share == [] and placement.whole == []
+    few = choose_placement(_subnet(5), size_bytes=5 * TB, job_nodes=["n0"])
+    assert len(few.members) == 5  # as many as there are
 
 
 def test_a_job_node_without_room_holds_a_share_not_a_whole_copy() -> None:
@@ -127,7 +143,11 @@ def test_a_larger_version_a_job_node_joins_without_a_share_of_is_spread_over_win
     assert len(placement.members) == 2 + WINDOW_MEMBERS  # the job's nodes, and 16 owners
     roomy = [replace(c, free_bytes=4 * TB, spare_bytes=4 * TB) for c in full]
     owned = choose_placement([*roomy, *_subnet(24)], size_bytes=5 * TB, job_nodes=job)
-    assert owned.no_share == [] and len(owned.members) == 3  # ceil(1.2 x 5 / (0.5 x 4)): the job's 2 and one
+    # ceil(1.2 x 5 / (0.5 x 4)) = 3: the job's 2 are too few, so WINDOW_MEMBERS, the job's first
+    assert owned.no_share == [] and owned.members[:2] == job and len(owned.members) == WINDOW_MEMBERS
+    four = [Candidate(f"job{i}", free_bytes=4 * TB, subnet="s1", cache_bytes=4 * TB) for i in range(4)]
+    enough = choose_placement([*four, *_subnet(24)], size_bytes=5 * TB, job_nodes=[f"job{i}" for i in range(4)])
+    assert enough.members == [f"job{i}" for i in range(4)]  # with room, enough job nodes are the group
     fixed = choose_placement([*full, *_subnet(24)], size_bytes=5 * TB, job_nodes=job, members=3)
     assert fixed.no_share == job and len(fixed.members) == 2 + 3  # a Dataset's own count stands
 
@@ -181,24 +201,23 @@ def test_the_group_is_sized_by_the_job_nodes_caches_not_the_smallest_in_the_clus
 
 def test_earlier_members_still_holding_their_share_stay_when_the_next_job_reads_elsewhere() -> None:
     # a 6 TB version over four 4 TB caches: a first job on n0-n3 held it as shares and ended;
-    # the next job runs on n4 and n5. The four earlier members hold 1.8 TB each of it: they
-    # stay (their bytes are not read from the store again), and the job's two nodes join
-    nodes = _subnet(8)
+    # the next job runs on n4-n7 (as many nodes as the version needs, so the group does not
+    # reach past them for the window's sake). The four earlier members hold 1.8 TB each of
+    # it: they stay (their bytes are not read from the store again), and the job's nodes join
+    nodes = _subnet(12)
     held = {f"n{i}": Candidate(f"n{i}", free_bytes=2 * TB, held_bytes=int(1.8 * TB), subnet="s1", cache_bytes=4 * TB)
             for i in range(4)}  # fmt: skip
     nodes = [held.get(n.name, n) for n in nodes]
-    before = ["n0", "n1", "n2", "n3"]
-    placement = choose_placement(nodes, size_bytes=6 * TB, job_nodes=["n4", "n5"], before=before)
-    assert placement.members == [*before, "n4", "n5"] and placement.whole == []
+    before, job = ["n0", "n1", "n2", "n3"], ["n4", "n5", "n6", "n7"]
+    placement = choose_placement(nodes, size_bytes=6 * TB, job_nodes=job, before=before)
+    assert placement.members == [*before, *job] and placement.whole == []
     # one whose share the cache evicted holds nothing of it: it leaves
     nodes = [replace(n, held_bytes=0) if n.name == "n2" else n for n in nodes]
-    placement = choose_placement(nodes, size_bytes=6 * TB, job_nodes=["n4", "n5"], before=before)
-    assert sorted(placement.members) == ["n0", "n1", "n3", "n4", "n5"]
+    placement = choose_placement(nodes, size_bytes=6 * TB, job_nodes=job, before=before)
+    assert sorted(placement.members) == sorted(["n0", "n1", "n3", *job])
     # so does one that owned no share (it read through its window for a job that ended)
-    placement = choose_placement(
-        nodes, size_bytes=6 * TB, job_nodes=["n4", "n5"], before=before, no_share_before=["n3"]
-    )
-    assert sorted(placement.members) == ["n0", "n1", "n4", "n5"]
+    placement = choose_placement(nodes, size_bytes=6 * TB, job_nodes=job, before=before, no_share_before=["n3"])
+    assert sorted(placement.members) == sorted(["n0", "n1", *job])
     assert members_wanted(6 * TB, 4 * TB, 2, kept=3) == 5 and members_wanted(6 * TB, 4 * TB, 2, kept=1) == 4
 
 
