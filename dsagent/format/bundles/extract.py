@@ -35,9 +35,7 @@ decompressed a few chunks ahead on its own thread (:class:`~dsagent.format.tarst
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,8 +53,8 @@ from dsagent.errors import (
     local_write_error,
 )
 from dsagent.format import native as native_loops
+from dsagent.format.bundles.staging import STAGING_DIR, Staging, ensure_real_dir, publish
 from dsagent.format.durable import Writeback, WritebackError, syncfs, writeback_for
-from dsagent.format.entries import parent_dirs
 from dsagent.format.manifest import (
     BundleRef,
     EntryTable,
@@ -77,15 +75,11 @@ from dsplatform import cores
 if TYPE_CHECKING:
     import tarfile
 
-STAGING_DIR = ".dsagent-staging"
 #: the most threads decoding one bundle's frames (:func:`frame_decoders`)
 FRAME_DECODERS_MAX = 8
 #: Unpack pipeline: decompressed chunks (of about ``CHUNK_SIZE``) a bundle's reader thread may
 #: hold ahead of the thread that parses, hashes and writes the files.
 UNPACK_AHEAD = 2
-_OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-#: errors of a rename into the target that mean something is in the way there (a conflict)
-_IN_THE_WAY = (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR)
 
 __all__ = [
     "STAGING_DIR",
@@ -119,57 +113,6 @@ def _reject_unsafe(member: tarfile.TarInfo, bundle: BundleRef) -> None:
         raise UnsafeArchive(f"{where} escapes or is not a clean relative path")
 
 
-class _Staging:
-    """Where one bundle's files are written first: a private flat directory inside the target.
-
-    Files are staged under their index in the bundle (no subdirectories to create and
-    remove), then renamed to their paths once the whole bundle verified. ``in_place``
-    (:func:`unpack`, whose target is itself a private stage renamed once and removed on
-    any error) writes each file at its path instead: its directories are made first, and
-    there is nothing to rename or remove per bundle.
-    """
-
-    def __init__(self, dest_dir: Path, bundle: BundleRef, in_place: EntryTable | None = None) -> None:
-        self.in_place = in_place is not None
-        if in_place is not None:
-            self.root = dest_dir
-            made: set[str] = {""}
-            for parent in sorted(parent_dirs(in_place.paths)):  # a folder before those in it
-                _ensure_real_dir(dest_dir, parent, made)
-            self._names: list[str] | None = in_place.paths
-            self._prefix = f"{self.root}/"
-            return
-        self._names = None
-        self.root = dest_dir / STAGING_DIR / f"{bundle.digest}-{os.urandom(4).hex()}"
-        for _ in range(100):  # a bundle finishing beside us may remove the shared parent
-            try:
-                self.root.parent.mkdir(exist_ok=True)
-                self.root.mkdir()
-                break
-            except (FileNotFoundError, FileExistsError):
-                continue
-        else:
-            self.root.mkdir(parents=True)
-        self._prefix = f"{self.root}/"
-
-    def path(self, index: int) -> str:
-        return f"{self._prefix}{index if self._names is None else self._names[index]}"
-
-    def create(self, index: int) -> int:
-        return os.open(self.path(index), _OPEN_NEW, 0o644)
-
-    def remove(self) -> None:
-        if self.in_place:
-            return  # the caller removes its whole stage on an error
-        import shutil  # here: dsctl unpack writes in place and removes a tree only on an error
-
-        shutil.rmtree(self.root, ignore_errors=True)
-        try:
-            self.root.parent.rmdir()
-        except OSError:
-            pass  # another bundle is staging beside us
-
-
 def _write_member(chunks: Iterator[memoryview], fd: int, entry: FileEntry, what: str, writeback: Writeback) -> None:
     state = xxhash.xxh3_128()
     write, update = os.write, state.update
@@ -187,7 +130,7 @@ def _write_member(chunks: Iterator[memoryview], fd: int, entry: FileEntry, what:
 
 
 def _extract_stream(
-    raw: IO[bytes], members: EntryTable, bundle: BundleRef, staging: _Staging, progress: Progress | None,
+    raw: IO[bytes], members: EntryTable, bundle: BundleRef, staging: Staging, progress: Progress | None,
     native: bool, decoders: int = 0, writers: int = 1,
 ) -> None:  # fmt: skip
     what = f"bundle {bundle.digest}"
@@ -212,7 +155,7 @@ class _Members:
     (:meth:`native`), which leaves every member it cannot take whole to :meth:`one`."""
 
     def __init__(
-        self, reader: FrameReader, members: EntryTable, bundle: BundleRef, staging: _Staging,
+        self, reader: FrameReader, members: EntryTable, bundle: BundleRef, staging: Staging,
         progress: Progress | None, expected: dict[str, int], seen: set[str],
     ) -> None:  # fmt: skip
         self.reader, self.members, self.bundle, self.staging = reader, members, bundle, staging
@@ -262,55 +205,6 @@ class _Members:
             )  # fmt: skip
         finally:
             os.close(dir_fd)
-
-
-def _ensure_real_dir(dest_dir: Path, parent: str, made: set[str]) -> None:
-    """Create ``dest_dir/parent``, refusing to go through a symlink planted in the target.
-
-    One ``mkdir`` a directory not made yet, its ancestors first (``made`` remembers them):
-    what is already there is taken only when ``lstat`` says it is a directory, so a planted
-    symlink is refused, not followed. ~8 us a directory where walking every component
-    with ``lstat`` and ``makedirs`` took ~40 us (40 ms of a 1,000-class unpack)."""
-    missing = []  # parent and its ancestors not made yet, deepest first (a loop: paths may be deep)
-    while parent not in made:
-        missing.append(parent)
-        parent = parent.rpartition("/")[0]
-    for path in reversed(missing):
-        current = f"{dest_dir}/{path}"
-        try:
-            os.mkdir(current)
-        except FileExistsError:
-            if not stat.S_ISDIR(os.lstat(current).st_mode):
-                raise UnsafeArchive(
-                    f"{current} exists in the target and is not a directory", hint="clear the target directory"
-                ) from None
-        made.add(path)
-
-
-def _publish(staging: _Staging, dest_dir: Path, members: EntryTable, durable: bool) -> None:
-    """Rename a verified bundle's files into place; on failure take back the ones moved."""
-    if durable:
-        syncfs(staging.root)
-    made: set[str] = {""}
-    prefix = f"{dest_dir}/"
-    moved: list[str] = []
-    try:
-        for index, path in enumerate(members.paths):
-            parent = path.rpartition("/")[0]
-            if parent:
-                _ensure_real_dir(dest_dir, parent, made)
-            os.replace(staging.path(index), prefix + path)
-            moved.append(prefix + path)
-    except BaseException as exc:
-        for path in moved:
-            os.unlink(path)
-        if isinstance(exc, OSError) and exc.errno in _IN_THE_WAY:
-            raise Conflict(
-                f"cannot place the files of a bundle in {dest_dir}: {exc}", hint="clear the target directory"
-            ) from exc
-        raise  # a full or failing disk: the caller's _local_writes says which
-    if durable:
-        syncfs(dest_dir)
 
 
 @contextmanager
@@ -399,14 +293,14 @@ def unpack_bundle_stream(
         raise InvalidInput(f"unpack target {dest} is not a directory")
     members = EntryTable.of(manifest.bundle_entries(bundle))
     with _local_writes(dest):
-        staging = _Staging(dest, bundle, members if in_place else None)
+        staging = Staging(dest, bundle, members if in_place else None)
         writeback = writeback_for(staging.root)
         since = writeback.mark()
     try:
         with _local_writes(dest):  # errors writing the target are not the source's
             _extract_stream(raw, members, bundle, staging, progress, native, decoders, writers)
             if not in_place:
-                _publish(staging, dest, members, durable)
+                publish(staging, dest, members, durable)
             elif durable:
                 syncfs(dest)
             if durable:
@@ -436,7 +330,7 @@ def create_empty_directories(manifest: Manifest, dest_dir: str | os.PathLike[str
     dest = Path(dest_dir)
     made: set[str] = {""}
     for directory in manifest.directories:
-        _ensure_real_dir(dest, directory, made)
+        ensure_real_dir(dest, directory, made)
 
 
 def _locked(progress: Progress | None) -> Progress | None:
