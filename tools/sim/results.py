@@ -159,12 +159,11 @@ def run_seeds(
     ``<workload> seed <n>``."""
     docs = {}
     for name in names:
-        wf = load(WORKLOAD_DIR / f"{name}.json")
         for seed in seeds:
             path = out / f"{name}-seed{seed}.json"
             if not path.exists() and not run:
                 continue
-            seeded = WorkloadFile.model_validate({**wf.model_dump(), "seed": seed})
+            seeded = at_seed(name, seed)
             workload = seeded.model_dump(mode="json")
             doc = json.loads(path.read_text()) if path.exists() else None
             if doc is None or (run and not current(doc, model, workload)):
@@ -195,12 +194,17 @@ def stale(docs: Mapping[str, Mapping[str, Any]], model: str) -> list[str]:
     workload file as it now reads."""
     older = []
     for label, doc in docs.items():
-        wf = load(WORKLOAD_DIR / f"{doc.get('workload_file', label)}.json")
-        if "seed" in doc:
-            wf = WorkloadFile.model_validate({**wf.model_dump(), "seed": doc["seed"]})
+        wf = at_seed(doc.get("workload_file", label), doc.get("seed"))
         if not current(doc, model, wf.model_dump(mode="json")):
             older.append(label)
     return older
+
+
+def at_seed(name: str, seed: int | None) -> WorkloadFile:
+    """The workload file ``name`` (in ``tools/sim/workloads/``) as a run at ``seed`` reads it
+    (None: at its own seed)."""
+    wf = load(WORKLOAD_DIR / f"{name}.json")
+    return wf if seed is None else WorkloadFile.model_validate({**wf.model_dump(), "seed": seed})
 
 
 def seeds_section(docs: Mapping[str, Mapping[str, Any]]) -> list[str]:
