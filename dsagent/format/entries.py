@@ -75,13 +75,14 @@ class EntryTable(Sequence[FileEntry]):
     file's, and raises :class:`OverflowError` when the table is built.
     """
 
-    __slots__ = ("digests", "mtimes", "paths", "sizes")
+    __slots__ = ("_total", "digests", "mtimes", "paths", "sizes")
 
     def __init__(self, paths: list[str], sizes: array[int], mtimes: array[int], digests: bytes) -> None:
         self.paths = paths
         self.sizes = sizes
         self.mtimes = mtimes
         self.digests = digests  # 16 raw bytes an entry
+        self._total: int | None = None
 
     @classmethod
     def of(cls, entries: Iterable[FileEntry]) -> EntryTable:
@@ -158,7 +159,10 @@ class EntryTable(Sequence[FileEntry]):
 
     @property
     def total_bytes(self) -> int:
-        return sum(self.sizes)
+        """The sizes' sum, summed once (a table's columns are not changed after it is built)."""
+        if self._total is None:
+            self._total = sum(self.sizes)
+        return self._total
 
     def record_blocks(self, start: int = 0, stop: int | None = None) -> Iterator[bytes]:
         """The canonical digest records of entries ``start`` to ``stop`` (see

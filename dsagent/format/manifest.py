@@ -52,9 +52,7 @@ import operator
 import re
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from functools import cached_property
-from typing import IO, TYPE_CHECKING, Any, cast
+from typing import IO, TYPE_CHECKING, Any, NamedTuple, cast
 
 from dsagent.errors import IntegrityError, InvalidInput, NotFound
 from dsagent.format import native
@@ -118,19 +116,17 @@ MANIFEST_THREADS = 2
 # --------------------------------------------------------------------------- values
 
 
-@dataclass(frozen=True)
-class BundleRef:
+class BundleRef(NamedTuple):
     """One tar+zstd bundle: a contiguous range of entries in path order."""
 
     digest: str  # names bundles/<digest>.tar.zst; see bundle_digest()
     first: int  # index of its first entry in Manifest.entries
-    count: int  # number of entries
+    count: int  # type: ignore[assignment]  # number of entries (tuple's count() is not used on a ref)
     size: int  # uncompressed payload bytes (sum of the file sizes)
     compressed_size: int
 
 
-@dataclass(frozen=True)
-class ManifestHeader:
+class ManifestHeader(NamedTuple):
     """The first line of a stored manifest: enough for a consistency check."""
 
     name: str
@@ -141,8 +137,7 @@ class ManifestHeader:
     directories: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class Manifest:
+class Manifest(NamedTuple):
     """A dataset: its files in path order, its empty directories, its bundles, its digest.
 
     Build one with :meth:`create` (which computes the digest) or :func:`build_manifest`.
@@ -152,7 +147,7 @@ class Manifest:
     entries: EntryTable  # sorted by path
     bundles: tuple[BundleRef, ...]  # empty when not packed
     digest: str  # dataset_digest(entries, directories)
-    directories: tuple[str, ...] = field(default=())  # empty directories, sorted
+    directories: tuple[str, ...] = ()  # empty directories, sorted
 
     @classmethod
     def create(
@@ -206,9 +201,9 @@ class Manifest:
     def file_count(self) -> int:
         return len(self.entries)
 
-    @cached_property
+    @property
     def total_bytes(self) -> int:
-        return self.entries.total_bytes  # computed once: manifests can list millions
+        return self.entries.total_bytes  # summed once, by the table: manifests can list millions
 
     @property
     def header(self) -> ManifestHeader:
@@ -223,7 +218,7 @@ class Manifest:
         refs = tuple(bundles)
         _check_tiling(self.entries, refs)
         _check_bundles(self.entries, refs, [bundle_digest(self.bundle_entries(ref)) for ref in refs])
-        return replace(self, bundles=refs)
+        return self._replace(bundles=refs)
 
     def to_bytes(self, *, threads: int = 0) -> bytes:
         """The stored form: a JSON header line, then a zstd frame of JSON lines (compressed

@@ -18,13 +18,19 @@ gets :data:`DEFAULT`.
 Decision: retries of a single request stay with the backend (botocore's standard retry
 mode), capped at :attr:`StorageConfig.attempts`; whole-dataset retries are the caller's,
 by type (:class:`~dsagent.errors.TransientError`).
+
+Decision: both values are named tuples, not frozen dataclasses: every ``dsctl`` command
+imports this module, and ``dataclasses`` (which imports ``inspect``, ``ast``, ``dis`` and
+``tokenize``) with its per-class code generation cost each command about 10 ms of start-up
+on the project's 2-core benchmark machine, a fifth of what ``dsctl unpack`` spends before
+its first byte (docs/design-native.md#start-up).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from dsagent.format.egress import EgressPolicy
@@ -36,8 +42,7 @@ DEFAULT_ATTEMPTS = 3
 _BOUNDED = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "az", "abfss", "http", "https"})
 
 
-@dataclass(frozen=True)
-class StorageConfig:
+class StorageConfig(NamedTuple):
     """Seconds an object-store or HTTP(S) client waits to connect and for each read, and
     how many times one request is tried."""
 
@@ -83,13 +88,12 @@ DEFAULT = StorageConfig()
 ConfigSource = StorageConfig | Callable[[], StorageConfig]
 
 
-@dataclass(frozen=True)
-class StoreOptions:
+class StoreOptions(NamedTuple):
     """What a filesystem is built from: the fsspec options a user or a pod gave (``values``)
     and, beside them, the bounds the edge decided (``config``: a :class:`StorageConfig`, or a
     function that builds it when the first remote filesystem is built)."""
 
-    values: Mapping[str, Any] = field(default_factory=dict)
+    values: Mapping[str, Any] = MappingProxyType({})
     config: ConfigSource = DEFAULT
     #: where the filesystem may connect (the agent's rule for a request's stores:
     #: :mod:`dsagent.format.egress`); None: anywhere (dsctl, the user's own rights)

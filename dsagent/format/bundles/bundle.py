@@ -19,6 +19,10 @@ What it owns:
   manifest whose bundles are missing;
 - **the pack's options** (:class:`BundleOptions`, :class:`PackOptions`): each default and
   its meaning, written once. Every writer takes them as one object or as keywords.
+
+Decision: the options, like the manifest's records, are named tuples, not dataclasses:
+``dataclasses`` and its per-class code generation cost every ``dsctl pack`` about 10 ms of
+start-up (docs/design-native.md#start-up).
 """
 
 from __future__ import annotations
@@ -27,9 +31,8 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
 from itertools import accumulate, repeat
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import xxhash
 
@@ -82,8 +85,7 @@ def __getattr__(name: str) -> Any:
 DEFAULT_LEVEL = 1
 
 
-@dataclass(frozen=True)
-class BundleOptions:
+class BundleOptions(NamedTuple):
     """How bundles are cut and written: what :func:`write_bundles` takes, as this object or
     as keywords of the same names."""
 
@@ -105,11 +107,18 @@ class BundleOptions:
     count at once."""
 
 
-@dataclass(frozen=True)
-class PackOptions(BundleOptions):
+class PackOptions(NamedTuple):
     """How a dataset is packed: what :func:`pack` and :func:`pack_dataset` take, as this
-    object or as keywords of the same names. Those of :class:`BundleOptions`, and:"""
+    object or as keywords of the same names. Those of :class:`BundleOptions` (the same
+    names, defaults and meanings), and ``digest_cache``, ``workers``, ``processes``."""
 
+    max_files: int = DEFAULT_MAX_FILES
+    max_bytes: int = DEFAULT_MAX_BYTES
+    level: int = DEFAULT_LEVEL
+    threads: int | None = None
+    storage_options: Options = None
+    store_options: Options = None
+    progress: Progress | None = None
     digest_cache: DigestCache | None = None
     """Digests of unchanged local files, reused instead of reading the files again; files
     hashed while packing are added to it."""
@@ -124,13 +133,25 @@ class PackOptions(BundleOptions):
     when that pays."""
 
 
-_Options = TypeVar("_Options", bound=BundleOptions)
+_Options = TypeVar("_Options", BundleOptions, PackOptions)
 
 
-def _options(kind: type[_Options], options: _Options | None, keywords: Mapping[str, Any]) -> _Options:
-    """``options`` (default: ``kind()``, every default) with ``keywords`` set; an unknown
-    keyword is a :class:`TypeError`, as for any function."""
-    return replace(options if options is not None else kind(), **keywords)
+def _options(
+    kind: type[_Options], options: BundleOptions | PackOptions | None, keywords: Mapping[str, Any]
+) -> _Options:
+    """``options`` (default: ``kind()``, every default; the other kind: the fields both
+    have) with ``keywords`` set; an unknown keyword is a :class:`TypeError`, as for any
+    function."""
+    unknown = sorted(set(keywords) - set(kind._fields))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
+    if options is None:
+        base = kind()
+    elif isinstance(options, kind):
+        base = options
+    else:
+        base = kind(**{name: getattr(options, name) for name in options._fields if name in kind._fields})
+    return base._replace(**keywords)
 
 
 # --------------------------------------------------------------------------- boundaries
@@ -238,7 +259,7 @@ def write_bundles(
     manifest: Manifest,
     source: str | os.PathLike[str],
     store: str | os.PathLike[str],
-    options: BundleOptions | None = None,
+    options: BundleOptions | PackOptions | None = None,
     **keywords: Any,
 ) -> tuple[Manifest, int]:
     """Write ``manifest``'s bundles (those the store lacks) and then the manifest.

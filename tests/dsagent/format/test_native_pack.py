@@ -9,7 +9,6 @@ built as for ``test_native.py`` (skipped, saying why, without a C compiler).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import random
@@ -528,7 +527,7 @@ def test_digests_and_bundle_checks_are_the_same_either_way(
     swapped = [manifest.bundles[1], manifest.bundles[0], *manifest.bundles[2:]]
     wrong = [BundleRef(b.digest if i != 1 else manifest.bundles[0].digest, b.first, b.count, b.size,
                        b.compressed_size) for i, b in enumerate(manifest.bundles)]  # fmt: skip
-    resized = [dataclasses.replace(manifest.bundles[0], size=manifest.bundles[0].size + 1), *manifest.bundles[1:]]
+    resized = [manifest.bundles[0]._replace(size=manifest.bundles[0].size + 1), *manifest.bundles[1:]]
     for bad, message in ((swapped, "tile"), (wrong, "does not match"), (resized, "wrong payload size")):
         for available in (False, True):
             monkeypatch.setattr(native, "AVAILABLE", available)

@@ -11,7 +11,15 @@ import pytest
 from dsagent.cli import main
 from dsagent.errors import IntegrityError
 from dsagent.format.bundles import storeobjects
-from dsagent.format.bundles.bundle import PackOptions, pack, pack_dataset, unpack, verify_tree, write_bundles
+from dsagent.format.bundles.bundle import (
+    BundleOptions,
+    PackOptions,
+    pack,
+    pack_dataset,
+    unpack,
+    verify_tree,
+    write_bundles,
+)
 from dsagent.format.digestcache import DigestCache
 from dsagent.format.digester import build_manifest
 from dsagent.format.manifest import read_manifest
@@ -85,6 +93,19 @@ def test_options_are_taken_as_one_object_or_as_keywords(tmp_path: Path) -> None:
         pack(src, tmp_path / "d", name="d", max_file=3)
     with pytest.raises(TypeError, match="processes"):  # a pack's option, not a writer's
         write_bundles(by_keywords, src, tmp_path / "e", processes=2)
+
+
+def test_a_packs_options_begin_with_a_writers_under_the_same_defaults(tmp_path: Path) -> None:
+    """PackOptions repeats BundleOptions' fields (records cannot extend one another): the
+    same names, in the same order, with the same defaults, and either is taken by the other's
+    functions for the fields both have."""
+    shared = BundleOptions._fields
+    assert PackOptions._fields[: len(shared)] == shared
+    assert tuple(PackOptions()[: len(shared)]) == tuple(BundleOptions())
+    src = write_tree(tmp_path / "source", _files(20))
+    by_pack_options, _ = write_bundles(build_manifest(src, name="d"), src, tmp_path / "a", PackOptions(max_files=3))
+    by_bundle_options = pack(src, tmp_path / "b", BundleOptions(max_files=3), name="d")  # type: ignore[arg-type]
+    assert by_pack_options == by_bundle_options and max(b.count for b in by_pack_options.bundles) <= 3
 
 
 def test_repack_with_the_digest_cache_reads_only_the_changed_bundle(tmp_path: Path, opened: Counter[str]) -> None:
