@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import stat
 import threading
-from pathlib import Path
 
 from dsagent.errors import IntegrityError, InvalidInput, NotFound
 from dsagent.format.hashing import hash_file, read_buffer
@@ -20,7 +19,7 @@ from dsagent.format.storage import translate_errors
 from dsplatform import cores
 
 
-def _tree(directory: Path) -> tuple[dict[str, os.stat_result], set[str], list[str]]:
+def _tree(directory: str) -> tuple[dict[str, os.stat_result], set[str], list[str]]:
     files: dict[str, os.stat_result] = {}
     empty: set[str] = set()
     odd: list[str] = []
@@ -34,7 +33,7 @@ def _tree(directory: Path) -> tuple[dict[str, os.stat_result], set[str], list[st
                 child = f"{rel}/{item.name}" if rel else item.name
                 st = item.stat(follow_symlinks=False)
                 if stat.S_ISDIR(st.st_mode):
-                    stack.append((child, Path(item.path)))
+                    stack.append((child, item.path))
                 elif stat.S_ISREG(st.st_mode):
                     files[child] = st
                 else:
@@ -50,9 +49,9 @@ def verify_tree(directory: str | os.PathLike[str], manifest: Manifest, *, worker
     Reads and hashes every file. Raises :class:`IntegrityError` listing what differs
     (missing, unexpected, wrong size, wrong content, not a regular file).
     """
-    root = Path(directory)
-    if not root.is_dir():
-        if not root.exists():  # as digest and unpack answer a missing path: not found, not bad input
+    root = os.fspath(directory)
+    if not os.path.isdir(root):
+        if not os.path.exists(root):  # as digest and unpack answer a missing path: not found, not bad input
             raise NotFound(f"{root} does not exist", hint="give the directory the dataset was unpacked or cached into")
         raise InvalidInput(f"{root} is not a directory")
     with translate_errors(f"directory {root}"):
@@ -78,7 +77,7 @@ def verify_tree(directory: str | os.PathLike[str], manifest: Manifest, *, worker
         if buffer is None:
             buffer = buffers.buffer = read_buffer()
         with translate_errors(f"file {entry.path!r}"):
-            digest, _ = hash_file(root / entry.path, buffer)
+            digest, _ = hash_file(f"{root}/{entry.path}", buffer)
         return None if digest == entry.digest else f"wrong content: {entry.path}"
 
     from concurrent.futures import ThreadPoolExecutor  # here: dsctl unpack imports this module and verifies nothing

@@ -39,7 +39,6 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 import xxhash
@@ -208,7 +207,7 @@ class _Members:
 
 
 @contextmanager
-def _local_writes(dest: Path) -> Iterator[None]:
+def _local_writes(dest: str) -> Iterator[None]:
     """A full disk is :class:`InsufficientSpace`; any other local write failure is the
     cache disk's (:class:`CacheDiskError`, not the source's) and says where it happened."""
     try:
@@ -288,8 +287,8 @@ def unpack_bundle_stream(
     thread; :func:`frame_decoders`); ``writers``: threads that write the C loop's files
     (:func:`member_writers`)."""
     native = native_loops.chosen(native)
-    dest = Path(dest_dir)
-    if not dest.is_dir():
+    dest = os.fspath(dest_dir)
+    if not os.path.isdir(dest):
         raise InvalidInput(f"unpack target {dest} is not a directory")
     members = EntryTable.of(manifest.bundle_entries(bundle))
     with _local_writes(dest):
@@ -325,9 +324,17 @@ def member_writers(at_once: int) -> int:
     return max(2, native_loops.spare_cores(at_once) - frame_decoders(at_once) - 1)
 
 
+def _plain(path: str | os.PathLike[str]) -> str:
+    """``path`` as :class:`pathlib.Path` writes it: no empty or ``.`` parts, ``..`` kept (a
+    symlink before it decides where it leads), ``.`` for nothing."""
+    raw = os.fspath(path)
+    joined = "/".join(part for part in raw.split("/") if part not in ("", "."))
+    return ("/" + joined if raw.startswith("/") else joined) or "."
+
+
 def create_empty_directories(manifest: Manifest, dest_dir: str | os.PathLike[str]) -> None:
     """Create the manifest's empty directories under ``dest_dir`` (after its bundles)."""
-    dest = Path(dest_dir)
+    dest = os.fspath(dest_dir)
     made: set[str] = {""}
     for directory in manifest.directories:
         ensure_real_dir(dest, directory, made)
@@ -348,7 +355,7 @@ def _locked(progress: Progress | None) -> Progress | None:
 
 #: What an unpacking job reads: the store, the manifest, the stage, the storage options and
 #: the choice of member loop.
-_Job = tuple[str | os.PathLike[str], Manifest, Path, Options, bool | None]
+_Job = tuple[str | os.PathLike[str], Manifest, str, Options, bool | None]
 #: The job the forked unpacking processes share with their parent (:func:`_in_processes`):
 #: set just before they are forked, so that a task is only a bundle's index.
 _FORKED: _Job | None = None
@@ -404,7 +411,7 @@ def _in_processes(job: _Job, progress: Progress | None, count: int) -> None:
 def _unpack_bundles(
     store: str | os.PathLike[str],
     manifest: Manifest,
-    stage: Path,
+    stage: str,
     storage_options: Options,
     progress: Progress | None,
     count: int,
@@ -473,12 +480,13 @@ def unpack(
     manifest = manifest or read_manifest(os.fspath(store), name, storage_options=storage_options)
     if manifest.entries and not manifest.bundles:
         raise InvalidInput(f"dataset {manifest.name!r} has a manifest but no bundles", hint="pack it with 'dsctl pack'")
-    target = Path(dest)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+    target = _plain(dest)
+    if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
         raise Conflict(f"unpack target {target} exists and is not empty", hint="remove it or choose another directory")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    stage = target.parent / f".{target.name}.staging-{os.urandom(4).hex()}"
-    stage.mkdir()
+    parent = os.path.dirname(target) or "."
+    os.makedirs(parent, exist_ok=True)
+    stage = f"{parent}/.{os.path.basename(target)}.staging-{os.urandom(4).hex()}"
+    os.mkdir(stage)
     since = writeback_for(stage).mark()
     try:
         count = workers or min(4, cores.usable())
@@ -487,10 +495,10 @@ def unpack(
         with _local_writes(stage):
             syncfs(stage)
             writeback_for(stage).check(since)
-        if target.exists():
-            target.rmdir()
+        if os.path.exists(target):
+            os.rmdir(target)
         os.replace(stage, target)
-        syncfs(target.parent)
+        syncfs(parent)
     except BaseException:
         import shutil  # here: only a failed unpack removes its stage
 

@@ -11,10 +11,10 @@ failure, a file already in the way being a :class:`~dsagent.errors.Conflict`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
-from pathlib import Path
 
 from dsagent.errors import Conflict, UnsafeArchive
 from dsagent.format.durable import syncfs
@@ -37,7 +37,7 @@ class Staging:
     there is nothing to rename or remove per bundle.
     """
 
-    def __init__(self, dest_dir: Path, bundle: BundleRef, in_place: EntryTable | None = None) -> None:
+    def __init__(self, dest_dir: str, bundle: BundleRef, in_place: EntryTable | None = None) -> None:
         self.in_place = in_place is not None
         if in_place is not None:
             self.root = dest_dir
@@ -48,16 +48,18 @@ class Staging:
             self._prefix = f"{self.root}/"
             return
         self._names = None
-        self.root = dest_dir / STAGING_DIR / f"{bundle.digest}-{os.urandom(4).hex()}"
+        shared = f"{dest_dir}/{STAGING_DIR}"
+        self.root = f"{shared}/{bundle.digest}-{os.urandom(4).hex()}"
         for _ in range(100):  # a bundle finishing beside us may remove the shared parent
             try:
-                self.root.parent.mkdir(exist_ok=True)
-                self.root.mkdir()
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(shared)
+                os.mkdir(self.root)
                 break
             except (FileNotFoundError, FileExistsError):
                 continue
         else:
-            self.root.mkdir(parents=True)
+            os.makedirs(self.root)
         self._prefix = f"{self.root}/"
 
     def path(self, index: int) -> str:
@@ -72,13 +74,11 @@ class Staging:
         import shutil  # here: dsctl unpack writes in place and removes a tree only on an error
 
         shutil.rmtree(self.root, ignore_errors=True)
-        try:
-            self.root.parent.rmdir()
-        except OSError:
-            pass  # another bundle is staging beside us
+        with contextlib.suppress(OSError):  # another bundle is staging beside us
+            os.rmdir(os.path.dirname(self.root))
 
 
-def ensure_real_dir(dest_dir: Path, parent: str, made: set[str]) -> None:
+def ensure_real_dir(dest_dir: str, parent: str, made: set[str]) -> None:
     """Create ``dest_dir/parent``, refusing to go through a symlink planted in the target.
 
     One ``mkdir`` a directory not made yet, its ancestors first (``made`` remembers them):
@@ -101,7 +101,7 @@ def ensure_real_dir(dest_dir: Path, parent: str, made: set[str]) -> None:
         made.add(path)
 
 
-def publish(staging: Staging, dest_dir: Path, members: EntryTable, durable: bool) -> None:
+def publish(staging: Staging, dest_dir: str, members: EntryTable, durable: bool) -> None:
     """Rename a verified bundle's files into place; on failure take back the ones moved."""
     if durable:
         syncfs(staging.root)
