@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tools.sim import results
+from tools.sim import results, sweep
 from tools.sim.model import model_stamp
 from tools.sim.policies import PRODUCT_POLICY
 
@@ -132,6 +132,40 @@ def test_the_committed_runs_are_this_simulators() -> None:
     if len(interpreters) == 1 and "" not in interpreters and interpreters != {model.rsplit("/", 1)[-1]}:
         pytest.skip(f"the runs were made under {interpreters.pop()}, whose code digest this interpreter cannot check")
     assert results.stale(docs, model) == [], "re-run: python tools/sim/results.py (tools/sim/model.py)"
+
+
+def test_the_other_committed_runs_are_this_simulators_too() -> None:
+    """The design and simulation pages' runs (the default preset, the 500-node multi-TB run,
+    the cache-pressure sweep, the sensitivity grid) name this tree's simulator, and those run
+    on a workload file as it reads now; a sweep part another simulator left is not taken up."""
+    model = model_stamp()
+    out = REPO_ROOT / "tools" / "sim" / "out"
+    documents = {name: json.loads((out / name).read_text()) for name in ("default.json", "multi-tb-500.json")}
+    files = {"default.json": "default", "multi-tb-500.json": "multi-tb"}
+    if {str(d.get("model", "")).rsplit("/", 1)[-1] for d in documents.values()} != {model.rsplit("/", 1)[-1]}:
+        pytest.skip("the runs were made under another interpreter, whose code digest this one cannot check")
+    for name, doc in documents.items():
+        assert doc["model"] == model, f"re-run {name}: docs/simulation.md says how"
+        assert doc["workload"] == results.at_seed(files[name], None).model_dump(mode="json"), name
+    assert json.loads((out / "results.json").read_text())["model"] == model  # the default run's plots' figures
+    assert json.loads((out / "results" / "sensitivity.json").read_text())["model"] == model
+    rows = json.loads((out / "sweep" / "sweep.json").read_text())
+    regimes = sweep.regimes(
+        sweep.load(sweep.WORKLOADS / "sweep-base.json"), sweep.load(sweep.WORKLOADS / "sweep-multi-tb.json"), False
+    )
+    assert [r["model"] for r in rows] == [model] * len(regimes)
+    assert [r["workload"] for r in rows] == [wf.model_dump(mode="json") for _, wf, _ in regimes]
+
+
+def test_a_sweep_takes_up_only_its_own_simulators_parts(tmp_path: Path) -> None:
+    wf = results.at_seed("smoke", None)
+    sweep._save_part(tmp_path, wf, "ours", "another/py3.11", {"storage_bytes": 1.0})
+    assert sweep._load_part(tmp_path, wf, "ours", "another/py3.11") == {"storage_bytes": 1.0}
+    assert sweep._load_part(tmp_path, wf, "ours", "this/py3.11") is None
+    sweep._save_part(tmp_path, wf, "fluid", "this/py3.11", {"storage_bytes": 2.0})
+    sweep._prune_parts(tmp_path, "this/py3.11")
+    assert sweep._load_part(tmp_path, wf, "ours", "another/py3.11") is None  # removed
+    assert sweep._load_part(tmp_path, wf, "fluid", "this/py3.11") == {"storage_bytes": 2.0}
 
 
 def test_claims_are_only_measured_on_seeds_no_choice_was_made_on() -> None:

@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         slim = [
             {k: v for k, v in r.items() if k not in ("ttfs", "jct", "storage_log", "input_changes")} for r in results
         ]
-        (out / "results.json").write_text(json.dumps(slim, indent=1) + "\n")
+        (out / "results.json").write_text(json.dumps({"model": model_stamp(), "runs": slim}, indent=1) + "\n")
         if not args.no_plots:  # the published run's plots go where docs/simulation.md shows them
             plots = PLOTS if args.out is None else out
             plots.mkdir(parents=True, exist_ok=True)

@@ -18,10 +18,13 @@ workload and run.py's ``--json`` fields per regime and policy), ``sweep.md`` (a 
 regime, a table of what preparation and replication change, and the goals,
 each met or missed) and ``sweep.png`` (local-byte fraction and storage bytes against the ratio).
 Each simulation's figures are also written to ``OUT/parts/`` as soon as it ends, so that
-``--resume`` after an interruption (same code) runs only what is missing; the tables and
-the plot always come from the whole set. Who calls it: a person and
-``tests/tools/test_sim_workload_file.py`` (``--smoke``). Exit codes: 0 done, 2 bad
-arguments or workload file.
+``--resume`` after an interruption runs only what is missing (a part is named by its
+workload, policy and simulator, :func:`tools.sim.model.model_stamp`, so another simulator's
+figures are never taken up, and every row of ``sweep.json`` names its simulator under
+``model``); the tables and the plot always come from the whole set, and parts another
+simulator left are removed. Who calls it: a person and
+``tests/tools/test_sim_workload_file.py`` (``--smoke``). Exit codes: 0 done, 2 bad arguments
+or workload file.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tools.sim import report  # noqa: E402
+from tools.sim.model import model_stamp  # noqa: E402
 from tools.sim.policies import POLICIES, PRODUCT_POLICY  # noqa: E402
 from tools.sim.results import FLUIDS, GOALS, METRIC, RIVALS, best_setting, goal_cell, goal_ratios  # noqa: E402
 from tools.sim.results import goals_table as results_goals_table  # noqa: E402
@@ -270,27 +274,42 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def _part_path(parts: Path, wf: WorkloadFile, policy: str) -> Path:
-    key = json.dumps({"workload": wf.model_dump(mode="json"), "policy": policy}, sort_keys=True)
+def _part_path(parts: Path, wf: WorkloadFile, policy: str, model: str) -> Path:
+    """Where one simulation's figures go: named by the workload, the policy and the simulator
+    that ran it (:func:`tools.sim.model.model_stamp`), so a part another simulator left is
+    never taken up."""
+    key = json.dumps({"workload": wf.model_dump(mode="json"), "policy": policy, "model": model}, sort_keys=True)
     return parts / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
-def _save_part(parts: Path, wf: WorkloadFile, policy: str, figures: dict[str, Any]) -> dict[str, Any]:
+def _save_part(parts: Path, wf: WorkloadFile, policy: str, model: str, figures: dict[str, Any]) -> dict[str, Any]:
     """One finished simulation's figures, written as soon as it ends (stage and rename)."""
-    path = _part_path(parts, wf, policy)
+    path = _part_path(parts, wf, policy, model)
     staged = path.with_suffix(".tmp")
-    staged.write_text(json.dumps({"policy": policy, "figures": figures}) + "\n")
+    staged.write_text(json.dumps({"policy": policy, "model": model, "figures": figures}) + "\n")
     staged.replace(path)
     return figures
 
 
-def _load_part(parts: Path, wf: WorkloadFile, policy: str) -> dict[str, Any] | None:
+def _load_part(parts: Path, wf: WorkloadFile, policy: str, model: str) -> dict[str, Any] | None:
     try:
-        doc = json.loads(_part_path(parts, wf, policy).read_text())
+        doc = json.loads(_part_path(parts, wf, policy, model).read_text())
     except (OSError, ValueError):
         return None
-    figures = doc.get("figures") if isinstance(doc, dict) and doc.get("policy") == policy else None
+    ours = isinstance(doc, dict) and doc.get("policy") == policy and doc.get("model") == model
+    figures = doc.get("figures") if ours else None
     return figures if isinstance(figures, dict) else None
+
+
+def _prune_parts(parts: Path, model: str) -> None:
+    """Drop the parts another simulator than ``model`` left (or that do not read)."""
+    for path in parts.glob("*.json"):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            doc = None
+        if not isinstance(doc, dict) or doc.get("model") != model:
+            path.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,12 +341,13 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     # policy by policy over the regimes: the baselines and ours are done first
     tasks = [(i, p) for p in policies for i in range(len(todo))]
+    model = model_stamp()
     parts = args.out / "parts"
     parts.mkdir(parents=True, exist_ok=True)
     results: dict[tuple[int, str], dict[str, Any]] = {}
     if args.resume:
         for i, p in tasks:
-            kept = _load_part(parts, todo[i][1], p)
+            kept = _load_part(parts, todo[i][1], p, model)
             if kept is not None:
                 results[(i, p)] = kept
     todo_tasks = [t for t in tasks if t not in results]
@@ -336,16 +356,17 @@ def main(argv: list[str] | None = None) -> int:
             futures = {pool.submit(simulate, t[1], todo[t[0]][1]): t for t in todo_tasks}
             for future in as_completed(futures):
                 t = futures[future]
-                results[t] = _save_part(parts, todo[t[0]][1], t[1], report.fields(future.result()))
+                results[t] = _save_part(parts, todo[t[0]][1], t[1], model, report.fields(future.result()))
     else:
         for t in todo_tasks:
-            results[t] = _save_part(parts, todo[t[0]][1], t[1], report.fields(simulate(t[1], todo[t[0]][1])))
+            results[t] = _save_part(parts, todo[t[0]][1], t[1], model, report.fields(simulate(t[1], todo[t[0]][1])))
     rows = []
     for i, (name, wf, ratio) in enumerate(todo):
         by = {p: results[(i, p)] for p in policies}
         rows.append(
             {
                 "regime": name,
+                "model": model,
                 "ratio": ratio,
                 "cache_bytes_per_node": wf.cache_bytes_per_node,
                 "datasets_total_bytes": datasets_total_bytes(wf),
@@ -354,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
                 "goals": goals(by),
             }
         )
-    args.out.mkdir(parents=True, exist_ok=True)
+    _prune_parts(parts, model)
     (args.out / "sweep.json").write_text(json.dumps(rows, indent=1) + "\n")
     text = markdown(rows)
     (args.out / "sweep.md").write_text(text + "\n")
