@@ -1067,8 +1067,12 @@ def test_the_grafana_dashboard_configmap_carries_the_sidecar_label_and_valid_jso
         "dsplatform_agent_store_request_duration_seconds_bucket",
         "dsplatform_agent_store_errors_total",
         "dsplatform_webhook_admissions_total",
+        "dsplatform_agent_stripe_reader_bytes_total",
     ):
         assert metric in exprs, metric
+    reference = (CHART.parents[1] / "docs" / "reference" / "metrics.md").read_text()
+    named = set(re.findall(r"\b(dsplatform_[a-z_]+?)(?:_bucket)?\b[{\[]", exprs))
+    assert named and all(f"`{metric}`" in reference for metric in named), named  # each a metric the code exports
     assert not [
         d for d in rendered["default"] if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")
     ]

@@ -126,6 +126,27 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         "Webhook admissions by outcome (/s)",
         "ops",
         [("{{outcome}}", "sum by (outcome) (rate(dsplatform_webhook_admissions_total[$__rate_interval]))")],
+    ),    (
+        "Striped bundles opened by readers, by source (bytes/s)",
+        "Bps",
+        [
+            (
+                "{{source}}",
+                'sum by (source) (rate(dsplatform_agent_stripe_reader_bytes_total{job=~"$job"}[$__rate_interval]))',
+            )
+        ],
+    ),
+    (
+        "Striped bytes read from the node's own share, by node",
+        "percentunit",
+        [
+            (
+                "{{instance}}",
+                "sum by (instance) (rate(dsplatform_agent_stripe_reader_bytes_total"
+                '{job=~"$job",source="share"}[$__rate_interval])) / '
+                'sum by (instance) (rate(dsplatform_agent_stripe_reader_bytes_total{job=~"$job"}[$__rate_interval]))',
+            )
+        ],
     ),
 ]
 
