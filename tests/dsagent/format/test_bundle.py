@@ -94,6 +94,27 @@ def test_unpack_refuses_a_non_empty_target(awkward_dataset: Path, tmp_path: Path
     assert (tmp_path / "out" / "keep").read_text() == "mine"
 
 
+def test_unpack_takes_a_target_written_any_way_path_would_read_it(
+    awkward_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trailing slash, a trailing ``.``, doubled slashes and a relative name all land in
+    the one directory they name, with nothing left beside it."""
+    manifest = pack(awkward_dataset, tmp_path / "store", name="a")
+    targets = tmp_path / "targets"
+    targets.mkdir()
+    monkeypatch.chdir(targets)
+    for written, lands in (
+        (f"{targets}/one/", "one"),
+        (f"{targets}//two/.", "two"),
+        ("three", "three"),
+        ("deep/./four/", "deep/four"),
+    ):
+        unpack(tmp_path / "store", name="a", dest=written)
+        verify_tree(targets / lands, manifest)
+    assert sorted(p.name for p in targets.iterdir()) == ["deep", "one", "three", "two"]
+    assert [p.name for p in (targets / "deep").iterdir()] == ["four"]  # no stage left behind
+
+
 def test_verify_tree_lists_what_differs(awkward_dataset: Path, tmp_path: Path) -> None:
     manifest = pack(awkward_dataset, tmp_path / "store", name="a")
     unpack(tmp_path / "store", name="a", dest=tmp_path / "out")
