@@ -126,7 +126,8 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         "Webhook admissions by outcome (/s)",
         "ops",
         [("{{outcome}}", "sum by (outcome) (rate(dsplatform_webhook_admissions_total[$__rate_interval]))")],
-    ),    (
+    ),
+    (
         "Striped bundles opened by readers, by source (bytes/s)",
         "Bps",
         [
