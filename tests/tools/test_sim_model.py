@@ -39,6 +39,29 @@ def test_the_digest_covers_the_modules_the_simulation_imports_and_no_others(tmp_
     assert model.model_digest(root=tmp_path) == before, "modules the simulation does not import"
 
 
+def test_a_leaf_counts_its_own_code_not_what_it_imports(tmp_path: Path) -> None:
+    """A module read for values in its own text (the agent's settings, for two defaults):
+    a change to it counts, one to a module only it imports does not."""
+    _tree(tmp_path)
+    (tmp_path / "tools/sim/rates.py").write_text("from dsagent.settings import WORKERS\nGB = 1e9\n")
+    (tmp_path / "dsagent/settings.py").write_text("from dsagent import storage\nWORKERS = 8\n")
+    (tmp_path / "dsagent/storage.py").write_text("TIMEOUT = 10\n")
+    leaves = frozenset({"dsagent.settings"})
+    assert "dsagent.storage" in model.modules(root=tmp_path, leaves=frozenset())
+    assert "dsagent.storage" not in model.modules(root=tmp_path, leaves=leaves)
+    before = model.model_digest(root=tmp_path, leaves=leaves)
+    (tmp_path / "dsagent/storage.py").write_text("TIMEOUT = 20\n")
+    assert model.model_digest(root=tmp_path, leaves=leaves) == before
+    (tmp_path / "dsagent/settings.py").write_text("from dsagent import storage\nWORKERS = 16\n")
+    assert model.model_digest(root=tmp_path, leaves=leaves) != before
+
+
+def test_the_simulators_digest_leaves_out_the_agents_storage_and_egress_rules() -> None:
+    names = model.modules()
+    assert "dsagent.cache.settings" in names and "dsagent.policy.holding" in names
+    assert not {"dsagent.format.storageconfig", "dsagent.format.egress", "dsagent.format.sources"} & names.keys()
+
+
 def test_comments_docstrings_and_layout_leave_the_digest_a_statement_changes_it(tmp_path: Path) -> None:
     _tree(tmp_path)
     before = model.model_digest(root=tmp_path)

@@ -15,6 +15,13 @@ docstring or the layout leaves the digest as it was; one to a statement does not
 the data the simulation draws from (:data:`DATA`: the job run times, the node types'
 topologies). Pure reading of files: nothing is imported, so the digest does not depend on
 what the calling process imported before.
+
+Decision: a module the simulator reads values from without running its logic is a leaf
+(:data:`LEAVES`): its own code counts, the modules it imports do not. The agent's settings
+are one: the simulator reads two of their defaults, literals in the module's own text,
+and following its imports took in the agent's storage, egress and source rules, which no
+simulation calls, so that a change to them (a record's type in the format layer) made
+every committed run another simulator's.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ PACKAGES = ("tools", "dsagent", "dsplatform", "scheduler_plugin", "gpu_topology"
 ENTRY = "tools.sim.run"
 #: the data files the simulation reads, as globs under the repository
 DATA = ("tools/sim/data/*.csv", "tests/fixtures/topology/*")
+#: modules read for values written in their own text (see the decision above): their code
+#: counts, what they import does not
+LEAVES = frozenset({"dsagent.cache.settings"})
 
 
 def _file(module: str, root: Path) -> Path | None:
@@ -77,9 +87,10 @@ def _without_docstrings(tree: ast.Module) -> ast.Module:
     return tree
 
 
-def modules(entry: str = ENTRY, root: Path = REPO) -> dict[str, str]:
+def modules(entry: str = ENTRY, root: Path = REPO, leaves: frozenset[str] = LEAVES) -> dict[str, str]:
     """Every module of the repository at ``root`` that ``entry`` imports, directly or not,
-    with ``entry`` itself: its name -> its code without docstrings (:func:`ast.unparse`)."""
+    with ``entry`` itself, not past ``leaves``: its name -> its code without docstrings
+    (:func:`ast.unparse`)."""
     code: dict[str, str] = {}
     todo = [entry]
     while todo:
@@ -88,16 +99,17 @@ def modules(entry: str = ENTRY, root: Path = REPO) -> dict[str, str]:
         if name in code or path is None:
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        todo.extend(_imported(name, tree, path.name == "__init__.py", root) - code.keys())
+        if name not in leaves:
+            todo.extend(_imported(name, tree, path.name == "__init__.py", root) - code.keys())
         code[name] = ast.unparse(_without_docstrings(tree))
     return code
 
 
-def model_digest(entry: str = ENTRY, root: Path = REPO) -> str:
+def model_digest(entry: str = ENTRY, root: Path = REPO, leaves: frozenset[str] = LEAVES) -> str:
     """A short digest of :func:`modules` and the :data:`DATA` files: the same code and data
     give the same digest."""
     digest = hashlib.sha256()
-    for name, code in sorted(modules(entry, root).items()):
+    for name, code in sorted(modules(entry, root, leaves).items()):
         digest.update(f"{name}\0{code}\0".encode())
     for path in sorted({p for pattern in DATA for p in root.glob(pattern) if p.is_file()}):
         digest.update(f"{path.relative_to(root)}\0".encode() + path.read_bytes() + b"\0")
