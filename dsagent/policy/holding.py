@@ -128,8 +128,15 @@ def members_wanted(
     again, while keeping it costs only the disk the cache's eviction takes back when it
     needs the room (a member whose share was evicted holds nothing and leaves; one holding
     the version whole keeps its copy when let go, and is not counted)."""
-    need = group_size(size_bytes, cache_bytes, headroom=ratio, budget=SHARE_BUDGET) if cache_bytes > 0 else 1
+    need = budget_members(size_bytes, cache_bytes, ratio=ratio)
     return max(need, job_nodes + max(0, copies) + max(0, kept), WINDOW_MEMBERS if through else 1)
+
+
+def budget_members(size_bytes: int, cache_bytes: int, *, ratio: float = EVICT_RATIO) -> int:
+    """The members a version needs so that none gives it more than :data:`SHARE_BUDGET` of
+    a ``cache_bytes`` cache with the headroom (:func:`dsplatform.stripe.group_size`); 1
+    where the cache size is not known (0)."""
+    return group_size(size_bytes, cache_bytes, headroom=ratio, budget=SHARE_BUDGET) if cache_bytes > 0 else 1
 
 
 class Placement(NamedTuple):
@@ -188,7 +195,7 @@ def choose_placement(
             through and smallest is not None and smallest > 0
             and (
                 holding(size_bytes, cache_bytes=smallest, ratio=ratio) is WHOLE
-                or group_size(size_bytes, smallest, headroom=ratio, budget=SHARE_BUDGET) > len(job)
+                or budget_members(size_bytes, smallest, ratio=ratio) > len(job)
             )
         )  # fmt: skip
         copies = nodes.whole.difference(job) if through else set()
