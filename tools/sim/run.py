@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # a pydantic ValidationError from an override
         print(f"run.py: bad override: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    model = model_stamp()  # the code as the run starts: what its documents say made them
     started = time.perf_counter()
     results = run_all(wf, policies, args.procs)
     elapsed = time.perf_counter() - started
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         doc = {
-            "model": model_stamp(),
+            "model": model,
             "product_policy": PRODUCT_POLICY,
             "workload": wf.model_dump(mode="json"),
             **rate_table(wf),
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         slim = [
             {k: v for k, v in r.items() if k not in ("ttfs", "jct", "storage_log", "input_changes")} for r in results
         ]
-        (out / "results.json").write_text(json.dumps({"model": model_stamp(), "runs": slim}, indent=1) + "\n")
+        (out / "results.json").write_text(json.dumps({"model": model, "runs": slim}, indent=1) + "\n")
         if not args.no_plots:  # the published run's plots go where docs/simulation.md shows them
             plots = PLOTS if args.out is None else out
             plots.mkdir(parents=True, exist_ok=True)
