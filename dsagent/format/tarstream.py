@@ -48,6 +48,7 @@ per chunk, which made it the hot spot of unpacking.
 
 from __future__ import annotations
 
+import functools
 import queue
 import re
 import struct
@@ -87,7 +88,16 @@ _PLAIN_FIXED, _PLAIN_TAIL = _PLAIN[100:124], _PLAIN[156:]
 _BLANK_CHECKSUM = sum(b" " * 8)
 #: The checksum of a plain header before its name, size and mtime are added.
 USTAR_BASE = sum(_PLAIN) + _BLANK_CHECKSUM
-_OCTAL_11 = rb"[0-7]{11}\0"  # compiled on first use: the C member loop checks its own headers
+
+
+@functools.cache
+def _octal_11() -> re.Pattern[bytes]:
+    """11 octal digits and a NUL, compiled on first use (the C member loop checks its own
+    headers) and kept: the Python loop asks twice a member, and ``re``'s own cache costs
+    each lookup more than the match."""
+    return re.compile(rb"[0-7]{11}\0")
+
+
 _ZERO_BLOCK = bytes(BLOCK)
 
 #: Zero bytes a tar writer may add after the end-of-archive block (ours: two records).
@@ -431,7 +441,8 @@ def _plain_header(block: bytes) -> tarfile.TarInfo | None:
     if block[100:124] != _PLAIN_FIXED or block[156:] != _PLAIN_TAIL:
         return None
     size, mtime = block[124:136], block[136:148]
-    if not (re.fullmatch(_OCTAL_11, size) and re.fullmatch(_OCTAL_11, mtime)):
+    octal_11 = _octal_11()
+    if not (octal_11.fullmatch(size) and octal_11.fullmatch(mtime)):
         return None
     if block[148:156] != b"%06o\0 " % (sum(block) - sum(block[148:156]) + _BLANK_CHECKSUM):
         return None
