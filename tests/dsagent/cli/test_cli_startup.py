@@ -164,9 +164,9 @@ def test_dsctl_digest_pack_and_unpack_of_local_paths_leave_rare_paths_modules_un
     """Each of these cost dsctl's start-up a millisecond or more, and is imported by the path
     that needs it: tarfile by a pax header or the Python member loop, the thread pools (and
     logging with them) where a pool is started, shutil by a failed unpack's cleanup,
-    pathlib (and urllib.parse) by the digest cache, signal by a forked hashing process;
-    uuid and platform by none, dataclasses (and inspect, with ast and dis) by none: the
-    format's records are named tuples."""
+    pathlib (and urllib.parse) by the digest cache, signal by a forked hashing process,
+    platform by zstandard (the pack's compressor); uuid by none, dataclasses (and inspect,
+    with ast and dis) by none: the format's records are named tuples."""
     src = write_tree(tmp_path / "src", {"a/1.jpg": b"x" * 3000, "b/2.jpg": b"y" * 10, "c/empty/.keep": b""})
     everywhere = {"uuid", "shutil", "signal", "bz2", "lzma", "dataclasses", "inspect", "pathlib", "urllib.parse"}
     native_only = {"tarfile"} if native.AVAILABLE else set()  # the Python member loop reads TarInfo headers
