@@ -15,15 +15,14 @@ caller decodes it, and everything after it, as a plain stream.
 from __future__ import annotations
 
 import io
+import threading
 from collections import deque
-from typing import IO
-
-try:  # Python 3.14+
-    from compression import zstd as _zstd
-except ImportError:  # pragma: no cover - depends on the Python version
-    from backports import zstd as _zstd
+from typing import IO, TYPE_CHECKING
 
 from dsagent.format.hashing import CHUNK_SIZE
+
+if TYPE_CHECKING:
+    import zstandard
 
 #: zstd's frame magic, and the largest block a frame may hold (RFC 8878, 3.1.1.2)
 ZSTD_MAGIC = 0xFD2FB528
@@ -129,24 +128,46 @@ class FrameInput:
         return out
 
 
+_contexts = threading.local()
+
+
+def decoder() -> zstandard.ZstdDecompressor:
+    """This thread's python-zstandard decompression context, made once and kept: a context
+    per frame (``compression.zstd``'s decompressor reads one frame) costs its allocation
+    and its window's first-touch page faults each time, a quarter of the CPU of decoding a
+    bundle of text written as 170 frames (module docstring of
+    :mod:`dsagent.format.tarstream`). A context serves one thread at a time."""
+    import zstandard  # here: the digest, which reads no zstd, imports this module
+
+    context = getattr(_contexts, "context", None)
+    if context is None:
+        context = _contexts.context = zstandard.ZstdDecompressor()
+    return context
+
+
 def decode_whole(frame: list[memoryview]) -> bytes | None:
-    """One whole frame (its bytes in pieces) decoded in calls of at most
-    :data:`FRAME_DECODE_MAX` bytes in all, or None when it does not end within that, or
-    where its bytes end (it is larger, or not whole)."""
-    decompressor = _zstd.ZstdDecompressor()
-    outputs: list[bytes] = []
-    budget = FRAME_DECODE_MAX
-    for piece in frame:
-        if decompressor.eof:
-            return None  # bytes after the frame's end
-        out = decompressor.decompress(piece, max_length=budget)
-        outputs.append(out)
-        budget -= len(out)
-        if budget <= 0 and not decompressor.eof:
+    """One whole frame (its bytes in pieces) decoded to at most :data:`FRAME_DECODE_MAX`
+    bytes, or None when it does not end within that, or where its bytes are not exactly one
+    frame (cut, or followed by more). libzstd's own walk of its headers (``get_frame_size``,
+    the one the one-thread path takes: a frame either path refuses, both do) comes first,
+    so zstd, which ends cleanly where its input ends inside a frame, is only handed a
+    frame whole; it checks the blocks and the checksum."""
+    try:  # Python 3.14+
+        from compression import zstd as _zstd
+    except ImportError:  # pragma: no cover - depends on the Python version
+        from backports import zstd as _zstd
+
+    data = frame[0] if len(frame) == 1 else b"".join(frame)
+    try:
+        if _zstd.get_frame_size(data) != len(data):
             return None
-    if not decompressor.eof or decompressor.unused_data:
+    except _zstd.ZstdError:
         return None
-    return outputs[0] if len(outputs) == 1 else b"".join(outputs)
+    reader = decoder().stream_reader(data)
+    out = reader.read(FRAME_DECODE_MAX)
+    if len(out) == FRAME_DECODE_MAX and reader.read(1):
+        return None
+    return out
 
 
 class Prefixed(io.RawIOBase):
@@ -176,4 +197,5 @@ __all__ = [
     "FrameInput",
     "Prefixed",
     "decode_whole",
+    "decoder",
 ]

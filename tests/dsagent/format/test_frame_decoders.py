@@ -221,3 +221,44 @@ def test_a_thread_decodes_one_frame_no_further_than_its_bound_in_pieces_or_whole
     two = memoryview(zstandard.compress(small) + zstandard.compress(small))
     assert zstdframes.decode_whole([two]) is None  # bytes after the frame: not one whole frame
     assert zstdframes.decode_whole([memoryview(zstandard.compress(small))[:-3]]) is None  # cut
+
+
+@pytest.mark.parametrize("step", [1 << 20, 5000])
+@pytest.mark.parametrize("size", [3 << 19, zstdframes.FRAME_CUT_MAX])
+def test_the_one_thread_path_hands_zstd_whole_frames_from_a_buffer_it_reads_into_again(
+    bundle: bytes, step: int, size: int
+) -> None:
+    """Every run handed on is whole frames, in order, and the frame the buffer's end cuts is
+    read on from the buffer's front: together they are the object, byte for byte."""
+    from backports import zstd as bz
+
+    from dsagent.format.tarstream import _WholeFrames
+
+    source = _WholeFrames(_Reads(bundle, step), size=size)  # type: ignore[arg-type]
+    runs = []
+    while run := source.read(131_075):
+        run = bytes(run)
+        at = 0
+        while at < len(run):
+            at += bz.get_frame_size(run[at:])
+        assert at == len(run)  # whole frames only
+        runs.append(run)
+    assert b"".join(runs) == bundle and source.rest is None
+    assert len(runs) > 1 and max(map(len, runs)) <= size
+
+
+def test_the_one_thread_path_leaves_what_is_not_whole_frames_to_the_one_frame_path(bundle: bytes) -> None:
+    """A cut last frame, and a frame longer than the buffer, are held for the path that
+    refuses or decodes them, not handed to zstd."""
+    from dsagent.format.tarstream import _WholeFrames
+
+    cut = _WholeFrames(_Reads(bundle[:-3], 1 << 20))  # type: ignore[arg-type]
+    handed = b""
+    while run := cut.read():
+        handed += bytes(run)
+    assert cut.rest is not None and handed + cut.rest == bundle[:-3]
+    long_raw = zstandard.ZstdCompressor(level=1).compress(random.Random(9).randbytes(600_000))
+    small = _WholeFrames(_Reads(long_raw + bundle, 1 << 20), size=300_000)  # type: ignore[arg-type]
+    assert small.read() == b"" and small.rest is not None and long_raw.startswith(small.rest)
+    for data in (b"", b"not a frame at all"):
+        assert str(_same(data)).startswith("IntegrityError: bundle x is")
