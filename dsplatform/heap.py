@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import gc
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 #: glibc's malloc.h: ``M_TRIM_THRESHOLD``, ``M_MMAP_THRESHOLD`` and ``M_ARENA_MAX``
@@ -69,9 +69,11 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def keep_stream_chunks(environ: Mapping[str, str]) -> bool:
+def keep_stream_chunks(environ: Mapping[str, str], mallopt: Callable[[int, int], bool] | None = None) -> bool:
     """Fix glibc's mmap and trim thresholds for stream chunks, and cap its arenas (module
-    docstring); True if set.
+    docstring); True if set. ``mallopt``: glibc's, as a caller has it without ctypes (the
+    native extension's, :func:`dsagent.format.native.system_calls`: loading ctypes is 2.7 ms
+    of a ``dsctl`` start); else it is reached through ctypes.
 
     Nothing is set where the operator set any of them (their variables, or ``glibc.malloc``
     in ``GLIBC_TUNABLES``, read from the process's ``environ`` its edge passes), off Linux,
@@ -80,13 +82,10 @@ def keep_stream_chunks(environ: Mapping[str, str]) -> bool:
         return False
     if any(name in environ for name in _OPERATOR_SET) or "glibc.malloc." in environ.get("GLIBC_TUNABLES", ""):
         return False
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    if mallopt is None:
+        mallopt = _ctypes_mallopt()
+        if mallopt is None:
+            return False
     # the mmap threshold before the trim threshold: fixing it stops glibc moving both on its own
     return all(
         mallopt(option, value)
@@ -96,6 +95,21 @@ def keep_stream_chunks(environ: Mapping[str, str]) -> bool:
             (_M_TRIM_THRESHOLD, STREAM_TRIM_THRESHOLD),
         )
     )
+
+
+def _ctypes_mallopt() -> Callable[[int, int], bool] | None:
+    import ctypes
+
+    try:
+        call = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return None
+    call.argtypes, call.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+
+    def mallopt(option: int, value: int) -> bool:
+        return bool(call(option, value) == 1)
+
+    return mallopt
 
 
 __all__ = [

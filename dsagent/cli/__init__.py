@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from gc import freeze  # not `import gc`: the package's gc command module would shadow it
 from typing import Any
 
-from dsagent.cli.edge import native_switch, quick_edge
-from dsplatform.heap import keep_stream_chunks
+from dsagent.cli.edge import native_switch, quick_edge, stream_heap
 
 #: dsctl's own ``DSAGENT_*`` variables and the pod contract the webhook writes: the names a
 #: misspelling is measured against (:func:`refuse_unknown_environment`). A test holds this a
@@ -88,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
         args = sys.argv[1:] if argv is None else argv
         if quick_digest(args):
             return
-        keep_stream_chunks(os.environ)  # pack, unpack and cache stream bundles in 1 MiB chunks (dsplatform.heap)
+        stream_heap(os.environ)  # pack, unpack and cache stream bundles in 1 MiB chunks (dsplatform.heap)
         from dsagent.cli.bundlework import quick_bundles
 
         if quick_bundles(args):

@@ -14,9 +14,9 @@ from pathlib import Path
 import click
 
 from dsagent.cache.settings import Settings
+from dsagent.cli.edge import stream_heap
 from dsagent.cli.group import version_option
 from dsagent.nodeagent.serve import refuse_unknown_settings, run
-from dsplatform.heap import keep_stream_chunks
 from dsplatform.logs import LOG_FORMATS, LOG_LEVELS
 
 
@@ -102,7 +102,7 @@ def serve(
         log_format=log_format,
         access_log=access_log,
     )
-    keep_stream_chunks(os.environ)  # the fetches and unpacks stream bundles in 1 MiB chunks (dsplatform.heap)
+    stream_heap(os.environ)  # the fetches and unpacks stream bundles in 1 MiB chunks (dsplatform.heap)
     run(settings)
 
 

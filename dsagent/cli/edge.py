@@ -45,6 +45,16 @@ def native_switch(environ: Mapping[str, str]) -> None:
         native.use_native(False, why_off=f"{NATIVE_VARIABLE}={value}")
 
 
+def stream_heap(environ: Mapping[str, str]) -> None:
+    """glibc's malloc set for 1 MiB stream chunks (:func:`dsplatform.heap.keep_stream_chunks`),
+    through the native extension where it is loaded (no ctypes)."""
+    from dsagent.format import native  # loaded by every command that streams bundles
+    from dsplatform.heap import keep_stream_chunks
+
+    calls = native.system_calls()
+    keep_stream_chunks(environ, calls[0] if calls is not None else None)
+
+
 def unexpected(exc: Exception, prog: str) -> NoReturn:
     """A storage library's error as the platform error it means; anything else is a bug:
     one line asking for ``DSCTL_DEBUG=1`` (which re-raises it, traceback and all)."""

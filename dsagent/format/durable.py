@@ -17,9 +17,10 @@ import errno
 import functools
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
 
@@ -83,15 +84,28 @@ def syncfs(path: str | os.PathLike[str]) -> None:
 
 
 @functools.cache
-def _libc() -> Any:
-    """The C library through ctypes, loaded on the first ``syncfs`` (commands that never
-    call it do not import ctypes)."""
+def _syncfs_call() -> Callable[[int], int] | None:
+    """``syncfs(fd) -> 0 or the errno``: the native extension's where it is loaded, else the
+    C library's through ctypes (loaded on the first ``syncfs``: 2.7 ms of a ``dsctl`` start,
+    which the extension spares); None where neither has one (not Linux)."""
+    from dsagent.format import native  # here: loaded by every command that writes a tree
+
+    calls = native.system_calls()
+    if calls is not None:
+        return calls[1]
     import ctypes
 
     try:
-        return ctypes.CDLL(None, use_errno=True)
+        fn = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
     except OSError:  # pragma: no cover - no libc (not Linux)
         return None
+    if fn is None:  # pragma: no cover - a C library without syncfs
+        return None
+
+    def call(fd: int) -> int:
+        return 0 if fn(fd) == 0 else ctypes.get_errno()
+
+    return call
 
 
 #: Bytes written into one filesystem between two background flushes (:class:`Writeback`);
@@ -205,15 +219,12 @@ def _syncfs_fd(fd: int) -> bool:
     """``syncfs`` of the filesystem holding ``fd``; False where there is none, and
     :class:`WritebackError` where it failed (a write error of the filesystem since this
     descriptor was opened: never taken for success)."""
-    libc = _libc()
-    fn = getattr(libc, "syncfs", None) if libc is not None else None
-    if fn is None:
+    call = _syncfs_call()
+    if call is None:
         return False
-    if fn(fd) == 0:
+    code = call(fd)
+    if code == 0:
         return True
-    import ctypes  # loaded by _libc
-
-    code = ctypes.get_errno()
     if code == errno.ENOSYS:  # pragma: no cover - a kernel without syncfs
         return False
     raise WritebackError(code, f"syncfs failed: {os.strerror(code)}")

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 #: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
 #: built from other sources (an install upgraded over an earlier ``make native``) is not used.
-INTERFACE = 21
+INTERFACE = 22
 
 #: why the extension is not loaded, when it is not
 NOT_BUILT = "not built: install with a C compiler, or make native in a checkout"
@@ -130,6 +130,13 @@ def describe() -> str:
     """``on``, or ``off (why)``: what the start-up line and ``--version`` say."""
     off = off_reason()
     return "on" if off is None else f"off ({off})"
+
+
+def system_calls() -> tuple[Callable[[int, int], bool], Callable[[int], int]] | None:
+    """The extension's ``mallopt(option, value) -> bool`` and ``syncfs(fd) -> 0 or errno``
+    (:func:`dsplatform.heap.keep_stream_chunks`, :func:`dsagent.format.durable.syncfs`), or
+    None where it is not loaded (then ctypes makes them). Not loops: the switch leaves them."""
+    return None if _native is None else (_native.mallopt, _native.syncfs)
 
 
 def spare_cores(jobs_at_once: int) -> int:
@@ -426,6 +433,7 @@ __all__ = [
     "chosen",
     "describe",
     "spare_cores",
+    "system_calls",
     "use_native",
     "block_samples",
     "rle_frame",

@@ -315,3 +315,26 @@ def test_the_extension_in_use_is_the_one_asked_for(extension: ModuleType) -> Non
     assert extension is native._native
     if asked:
         assert extension.__file__ == asked
+
+
+def test_the_extensions_system_calls_say_what_libc_says(tmp_path: Path, extension: ModuleType) -> None:
+    """syncfs and mallopt as dsctl makes them without ctypes: 0 or the errno, and glibc's
+    own verdict."""
+    import ctypes
+    import errno
+    import platform
+
+    calls = native.system_calls()
+    assert calls is not None
+    mallopt, syncfs = calls
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert syncfs(fd) == 0
+    finally:
+        os.close(fd)
+    assert syncfs(fd) == errno.EBADF
+    if platform.libc_ver()[0] == "glibc":
+        libc = ctypes.CDLL(None).mallopt
+        assert mallopt(-3, 4 << 20) is True and libc(-3, 4 << 20) == 1  # M_MMAP_THRESHOLD
+        assert mallopt(-8, 16) is (libc(-8, 16) == 1)  # M_ARENA_MAX
+        assert mallopt(12345, 1) is (libc(12345, 1) == 1)  # an option glibc does not know

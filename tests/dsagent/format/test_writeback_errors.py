@@ -3,7 +3,7 @@ writing a bundle, never let it publish.
 
 The kernel reports a writeback error once per open file: the background flush
 (:class:`dsagent.format.durable.Writeback`) saw it on its descriptor, and the fetch's
-final ``syncfs``, on a descriptor opened later, does not. Here libc's ``syncfs`` fails with
+final ``syncfs``, on a descriptor opened later, does not. Here ``syncfs`` fails with
 EIO on the background flush thread only, as it would after a real write error; the rest
 is real (an in-process agent, tar+zstd bundles in a local store). A dropped flush error
 would let the dataset become ready.
@@ -12,12 +12,11 @@ would let the dataset become ready.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import errno
 import random
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -33,25 +32,26 @@ pytestmark = pytest.mark.usefixtures("native_mode")  # each test with the native
 
 
 class _FailingBackgroundFlush:
-    """libc whose ``syncfs`` fails with EIO on the background writeback thread while ``failing``."""
+    """A ``syncfs`` that fails with EIO on the background writeback thread while ``failing``."""
 
-    def __init__(self) -> None:
-        self.real = ctypes.CDLL(None, use_errno=True).syncfs
+    def __init__(self, real: Callable[[int], int]) -> None:
+        self.real = real
         self.failing = True
         self.failed = 0
 
     def syncfs(self, fd: int) -> int:
         if self.failing and threading.current_thread().name == "dsagent-writeback":
             self.failed += 1
-            ctypes.set_errno(errno.EIO)
-            return -1
-        return int(self.real(fd))
+            return errno.EIO
+        return self.real(fd)
 
 
 @pytest.fixture
 def libc(monkeypatch: pytest.MonkeyPatch) -> _FailingBackgroundFlush:
-    fake = _FailingBackgroundFlush()
-    monkeypatch.setattr(durable, "_libc", lambda: SimpleNamespace(syncfs=fake.syncfs))
+    real = durable._syncfs_call()
+    assert real is not None
+    fake = _FailingBackgroundFlush(real)
+    monkeypatch.setattr(durable, "_syncfs_call", lambda: fake.syncfs)
     monkeypatch.setattr(durable, "WRITEBACK_STEP", 4096)  # a background flush every 4 kB written
     return fake
 
