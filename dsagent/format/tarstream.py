@@ -397,6 +397,7 @@ class _WholeFrames:
     def __init__(self, raw: IO[bytes], size: int = zstdframes.FRAME_CUT_MAX) -> None:
         self._raw = raw
         self._readinto = getattr(raw, "readinto", None)
+        self._over: bytes | memoryview = b""
         self._view = memoryview(bytearray(size))
         self._start = self._end = 0  # held, not yet handed on: [_start, _end)
         self._ended = False
@@ -412,9 +413,10 @@ class _WholeFrames:
             except NotImplementedError:  # an io.RawIOBase that reads only by read()
                 self._readinto = None
         if got is None:
-            data = self._raw.read(len(view) - end)
-            got = len(data)
-            view[end : end + got] = data
+            data = self._over or self._raw.read(len(view) - end)
+            got = min(len(data), len(view) - end)
+            view[end : end + got] = data[:got]
+            self._over = data[got:]  # a stream that gave more than it was asked for
         self._end += got
         self._ended = got == 0
 

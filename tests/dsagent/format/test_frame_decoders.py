@@ -262,3 +262,33 @@ def test_the_one_thread_path_leaves_what_is_not_whole_frames_to_the_one_frame_pa
     assert small.read() == b"" and small.rest is not None and long_raw.startswith(small.rest)
     for data in (b"", b"not a frame at all"):
         assert str(_same(data)).startswith("IntegrityError: bundle x is")
+
+
+def test_the_one_thread_path_takes_streams_that_read_only_by_read_and_give_more_than_asked(bundle: bytes) -> None:
+    """A body with no ``readinto`` (a peer's, a ranged fetch's) and one whose ``read(n)``
+    returns more than ``n``: the same bytes as a file's."""
+
+    class Generous:
+        def __init__(self, data: bytes) -> None:
+            self._data, self._at = data, 0
+
+        def read(self, size: int = -1) -> bytes:
+            out = self._data[self._at : self._at + max(size, 0) + 777_777]
+            self._at += len(out)
+            return out
+
+    from dsagent.format.tarstream import _WholeFrames
+
+    assert len(bundle) > 3 << 19
+    source = _WholeFrames(Generous(bundle), size=3 << 19)  # type: ignore[arg-type]
+    runs = []
+    while run := source.read():
+        runs.append(bytes(run))
+    assert b"".join(runs) == bundle and source.rest is None and len(runs) > 1
+    expected = _read_all(bundle, 0)
+    assert isinstance(expected, bytes) and expected
+    with FrameReader(Generous(bundle), "bundle x", ahead=2, frames=True) as r:  # type: ignore[arg-type]
+        out = bytearray()
+        while view := r.read(1 << 20):
+            out += view
+    assert bytes(out) == expected
