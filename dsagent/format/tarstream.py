@@ -444,8 +444,8 @@ class _WholeFrames:
                 self.handed += pos
                 return view[:pos]
             if self._ended or self._end == len(view):
-                if self._end:
-                    self.rest = bytes(view[: self._end])
+                if self._end or self._over:
+                    self.rest = bytes(view[: self._end]) + bytes(self._over)
                 return b""
             self._fill()
 

@@ -285,6 +285,9 @@ def test_the_one_thread_path_takes_streams_that_read_only_by_read_and_give_more_
     while run := source.read():
         runs.append(bytes(run))
     assert b"".join(runs) == bundle and source.rest is None and len(runs) > 1
+    long_raw = zstandard.ZstdCompressor(level=1).compress(random.Random(9).randbytes(2 << 20))
+    held = _WholeFrames(Generous(bundle[:1000] + long_raw), size=3 << 19)  # type: ignore[arg-type]
+    assert held.read() == b"" and held.rest == bundle[:1000] + long_raw  # what it read past its buffer too
     expected = _read_all(bundle, 0)
     assert isinstance(expected, bytes) and expected
     with FrameReader(Generous(bundle), "bundle x", ahead=2, frames=True) as r:  # type: ignore[arg-type]
