@@ -75,10 +75,20 @@ def _read_all(data: bytes, decoders: int, *, limit: int | None = None, step: int
     return bytes(out)
 
 
+def _kind(result: bytes | str) -> bytes | str:
+    """A result with libzstd's reason for a corrupt frame left out: the reason depends on the
+    room left in the output zstd writes into, which differs between the paths' chunkings (one
+    corrupt frame read 2 MiB or 64 KiB at a time: "Data corruption detected" or "Destination
+    buffer is too small" at 42 of 300 corrupt bytes)."""
+    if isinstance(result, str) and " is corrupt: " in result:
+        return result.partition(" is corrupt: ")[0] + " is corrupt"
+    return result
+
+
 def _same(data: bytes, **kw: object) -> bytes | str:
     one = _read_all(data, 0, **kw)  # type: ignore[arg-type]
     many = _read_all(data, 3, **kw)  # type: ignore[arg-type]
-    assert many == one
+    assert _kind(many) == _kind(one)
     return one
 
 
