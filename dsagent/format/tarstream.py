@@ -315,7 +315,7 @@ class FrameReader:
 
     def _corrupt(self, exc: Exception) -> IntegrityError:
         """libzstd's reason, without the words each binding puts before it (the paths use
-        two bindings and must fail alike)."""
+        two bindings)."""
         reason = str(exc).rpartition(": ")[2] or str(exc)
         return IntegrityError(f"{self._what} is corrupt: {reason}", hint="re-fetch or re-pack it")
 
