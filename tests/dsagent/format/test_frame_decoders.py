@@ -305,3 +305,27 @@ def test_the_one_thread_path_takes_streams_that_read_only_by_read_and_give_more_
         while view := r.read(1 << 20):
             out += view
     assert bytes(out) == expected
+
+
+def test_a_bundles_frames_are_decoded_by_one_context_on_the_reading_thread(
+    bundle: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A context a frame cost a quarter of the decoding's CPU (docs/design-native.md#start-up):
+    the one-thread path makes one for all of the bundle's frames."""
+    made = []
+    real = zstandard.ZstdDecompressor
+
+    def counted(*args: object, **kwargs: object) -> zstandard.ZstdDecompressor:
+        made.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(zstandard, "ZstdDecompressor", counted)
+    frames, at = 0, 0
+    from backports import zstd as bz
+
+    while at < len(bundle):
+        at += bz.get_frame_size(bundle[at:])
+        frames += 1
+    assert frames > 3
+    assert isinstance(_read_all(bundle, 0), bytes)
+    assert len(made) == 1
