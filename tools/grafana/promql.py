@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 #: ``(metric name, sorted label pairs) -> value``: one scrape, as render.scrape parses it
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -63,17 +63,16 @@ class _Parser:
         return token[1]
 
     def expr(self) -> tuple[object, ...]:
-        node = self.term()
-        while self.peek() == ("op", "+"):
-            self.take("+")
-            node = ("+", node, self.term())
-        return node
+        return self._chain("+", self.term)
 
-    def term(self) -> tuple[object, ...]:
-        node = self.atom()
-        while self.peek() == ("op", "/"):
-            self.take("/")
-            node = ("/", node, self.atom())
+    def term(self) -> tuple[object, ...]:  # "/" binds tighter than "+", as in PromQL
+        return self._chain("/", self.atom)
+
+    def _chain(self, op: str, operand: Callable[[], tuple[object, ...]]) -> tuple[object, ...]:
+        node = operand()
+        while self.peek() == ("op", op):
+            self.take(op)
+            node = (op, node, operand())
         return node
 
     def atom(self) -> tuple[object, ...]:
