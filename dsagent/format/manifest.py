@@ -74,7 +74,7 @@ from dsplatform.heap import collector_paused
 from dsplatform.names import DIGEST_LENGTH
 
 if TYPE_CHECKING:
-    from dsagent.format.tarstream import FrameReader
+    from dsagent.format.framereader import FrameReader
 
 # Reading a stored manifest (zstd, fsspec) is imported where it happens: ``dsctl digest``
 # only builds one, and its start-up is part of what users time.
@@ -466,7 +466,7 @@ def read_manifest_stream(stream: IO[bytes], *, max_files: int | None = None) -> 
     first = rest or stream.read(1)
     if first:
         what = f"manifest {header.name!r}"
-        from dsagent.format.tarstream import FrameReader
+        from dsagent.format.framereader import FrameReader
         from dsagent.format.zstdframes import Prefixed
 
         reader = FrameReader(cast(IO[bytes], Prefixed(first, stream)), what, limit=header.file_count * MAX_ENTRY_LINE)

@@ -45,7 +45,7 @@ from dsagent.format.storage import translate_errors
 from dsplatform import cores
 
 if TYPE_CHECKING:
-    from dsagent.format.tarstream import FrameReader
+    from dsagent.format.framereader import FrameReader
 
 #: The extension's interface this module speaks (``INTERFACE`` in native/dsnative.c): one
 #: built from other sources (an install upgraded over an earlier ``make native``) is not used.

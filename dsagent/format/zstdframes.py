@@ -1,7 +1,7 @@
 """zstd frames as bytes (RFC 8878): where a frame ends, read from its headers, and one
 whole frame decoded in calls of a bounded size.
 
-Who calls it: :class:`dsagent.format.tarstream.FrameReader`, whose read-ahead cuts a
+Who calls it: :class:`dsagent.format.framereader.FrameReader`, whose read-ahead cuts a
 bundle's run of frames whole and has those holding compressed blocks decoded on threads
 of their own (its module docstring says when, and what goes to its one-thread path
 instead), and :mod:`dsagent.format.manifest`, which puts back the bytes it peeked at
@@ -136,7 +136,7 @@ def decoder() -> zstandard.ZstdDecompressor:
     per frame (``compression.zstd``'s decompressor reads one frame) costs its allocation
     and its window's first-touch page faults each time, a quarter of the CPU of decoding a
     bundle of text written as 170 frames (module docstring of
-    :mod:`dsagent.format.tarstream`). A context serves one thread at a time."""
+    :mod:`dsagent.format.framereader`). A context serves one thread at a time."""
     import zstandard  # here: the digest, which reads no zstd, imports this module
 
     context = getattr(_contexts, "context", None)

@@ -29,7 +29,7 @@ filesystem (on a node's cache disk, mostly the agent's own concurrent fetches).
 Writeback starts in the background every few tens of MB written into the filesystem
 (:class:`~dsagent.format.durable.Writeback`), so the disk works while the rest of the
 bundle is extracted and the ``syncfs`` only waits for the tail. The bundle's stream is
-decompressed a few chunks ahead on its own thread (:class:`~dsagent.format.tarstream.FrameReader`,
+decompressed a few chunks ahead on its own thread (:class:`~dsagent.format.framereader.FrameReader`,
 ``UNPACK_AHEAD``) while this thread parses, hashes and writes.
 """
 
@@ -54,6 +54,7 @@ from dsagent.errors import (
 from dsagent.format import native as native_loops
 from dsagent.format.bundles.staging import STAGING_DIR, Staging, ensure_real_dir, publish
 from dsagent.format.durable import Writeback, WritebackError, syncfs, writeback_for
+from dsagent.format.framereader import FrameReader
 from dsagent.format.manifest import (
     BundleRef,
     EntryTable,
@@ -67,7 +68,7 @@ from dsagent.format.manifest import (
 from dsagent.format.oneversion import open_one_version
 from dsagent.format.storage import local_path, resolve, translate_errors
 from dsagent.format.storageconfig import Options
-from dsagent.format.tarstream import FrameReader, iter_members, read_data, tar_bound
+from dsagent.format.tarstream import MAX_TAIL, iter_members, read_data, tar_bound
 from dsagent.format.verify import verify_tree
 from dsplatform import cores
 
@@ -143,7 +144,7 @@ def _extract_stream(
             loop.native(writers)
         else:
             loop.rest()
-        reader.drain()
+        reader.drain(MAX_TAIL)  # the tar writer's zero padding after its end
     if len(seen) != len(expected):
         missing = sorted(expected.keys() - seen)
         raise IntegrityError(f"{what} lacks {len(missing)} listed file(s), e.g. {missing[0]!r}")

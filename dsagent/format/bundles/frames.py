@@ -36,7 +36,7 @@ own checksum.
 
 The result is still a tar stream compressed by zstd: ``zstd -d`` decodes concatenated
 frames, so ``zstd -dc bundle.tar.zst | tar -x`` reads it (tested with the real binaries).
-Readers of this project accept several frames (:class:`dsagent.format.tarstream.FrameReader`
+Readers of this project accept several frames (:class:`dsagent.format.framereader.FrameReader`
 with ``frames=True``); a bundle written as one frame by earlier versions is just the
 one-frame case.
 

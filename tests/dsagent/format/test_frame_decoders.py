@@ -1,4 +1,4 @@
-"""A bundle's frames decoded on threads (dsagent.format.tarstream, ``decoders``; the frame
+"""A bundle's frames decoded on threads (dsagent.format.framereader, ``decoders``; the frame
 layout in dsagent.format.zstdframes): the same bytes, the same errors and the same bounds
 as the one reading thread, on sound, foreign, cut, corrupt and hostile streams, and no
 thread left behind."""
@@ -17,8 +17,8 @@ from dsagent.errors import IntegrityError
 from dsagent.format import zstdframes
 from dsagent.format.bundles import extract
 from dsagent.format.bundles.bundle import pack, unpack_bundle
+from dsagent.format.framereader import FrameReader
 from dsagent.format.manifest import bundle_path
-from dsagent.format.tarstream import FrameReader
 from dsplatform import cores
 from tests.dsagent.conftest import write_tree
 
@@ -242,7 +242,7 @@ def test_the_one_thread_path_hands_zstd_whole_frames_from_a_buffer_it_reads_into
     read on from the buffer's front: together they are the object, byte for byte."""
     from backports import zstd as bz
 
-    from dsagent.format.tarstream import _WholeFrames
+    from dsagent.format.framereader import _WholeFrames
 
     source = _WholeFrames(_Reads(bundle, step), size=size)  # type: ignore[arg-type]
     runs = []
@@ -260,7 +260,7 @@ def test_the_one_thread_path_hands_zstd_whole_frames_from_a_buffer_it_reads_into
 def test_the_one_thread_path_leaves_what_is_not_whole_frames_to_the_one_frame_path(bundle: bytes) -> None:
     """A cut last frame, and a frame longer than the buffer, are held for the path that
     refuses or decodes them, not handed to zstd."""
-    from dsagent.format.tarstream import _WholeFrames
+    from dsagent.format.framereader import _WholeFrames
 
     cut = _WholeFrames(_Reads(bundle[:-3], 1 << 20))  # type: ignore[arg-type]
     handed = b""
@@ -287,7 +287,7 @@ def test_the_one_thread_path_takes_streams_that_read_only_by_read_and_give_more_
             self._at += len(out)
             return out
 
-    from dsagent.format.tarstream import _WholeFrames
+    from dsagent.format.framereader import _WholeFrames
 
     assert len(bundle) > 3 << 19
     source = _WholeFrames(Generous(bundle), size=3 << 19)  # type: ignore[arg-type]

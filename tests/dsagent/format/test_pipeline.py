@@ -214,11 +214,12 @@ def test_a_store_on_a_really_full_disk_stops_every_stage_and_leaves_no_object(
 def test_unpack_reads_ahead_to_any_depth_and_verifies_every_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ahead: int
 ) -> None:
-    from dsagent.format import tarstream
+    from dsagent.format import framereader, tarstream
     from dsagent.format.bundles import extract
 
     monkeypatch.setattr(extract, "UNPACK_AHEAD", ahead)
-    monkeypatch.setattr(tarstream, "CHUNK_SIZE", 1000)  # many small compressed reads
+    for module in (framereader, tarstream):  # many small compressed reads, and member reads
+        monkeypatch.setattr(module, "CHUNK_SIZE", 1000)
     files = _files()
     pack(write_tree(tmp_path / "src", files), tmp_path / "store", name="p")
     unpack(tmp_path / "store", name="p", dest=tmp_path / "out")
@@ -230,9 +231,10 @@ def test_unpack_reads_ahead_to_any_depth_and_verifies_every_file(
 def test_errors_found_ahead_or_behind_end_the_read_ahead_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
 ) -> None:
-    from dsagent.format import tarstream
+    from dsagent.format import framereader, tarstream
 
-    monkeypatch.setattr(tarstream, "CHUNK_SIZE", 4096)
+    for module in (framereader, tarstream):
+        monkeypatch.setattr(module, "CHUNK_SIZE", 4096)
     files = _files()
     manifest = pack(write_tree(tmp_path / "src", files), tmp_path / "store", name="p")
     path = Path(bundle_path(str(tmp_path / "store"), manifest.bundles[0].digest))
