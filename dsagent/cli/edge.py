@@ -52,7 +52,7 @@ def stream_heap(environ: Mapping[str, str]) -> None:
     from dsplatform.heap import keep_stream_chunks
 
     calls = native.system_calls()
-    keep_stream_chunks(environ, calls[0] if calls is not None else None)
+    keep_stream_chunks(environ, calls.mallopt if calls is not None else None)
 
 
 def unexpected(exc: Exception, prog: str) -> NoReturn:

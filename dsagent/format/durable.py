@@ -92,7 +92,7 @@ def _syncfs_call() -> Callable[[int], int] | None:
 
     calls = native.system_calls()
     if calls is not None:
-        return calls[1]
+        return calls.syncfs
     import ctypes
 
     try:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import os
 from array import array
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from dsagent.errors import IntegrityError
 from dsagent.format.hashing import CHUNK_SIZE, HASH_BUFFER, changed_error
@@ -132,11 +132,18 @@ def describe() -> str:
     return "on" if off is None else f"off ({off})"
 
 
-def system_calls() -> tuple[Callable[[int, int], bool], Callable[[int], int]] | None:
-    """The extension's ``mallopt(option, value) -> bool`` and ``syncfs(fd) -> 0 or errno``
-    (:func:`dsplatform.heap.keep_stream_chunks`, :func:`dsagent.format.durable.syncfs`), or
-    None where it is not loaded (then ctypes makes them). Not loops: the switch leaves them."""
-    return None if _native is None else (_native.mallopt, _native.syncfs)
+class SystemCalls(NamedTuple):
+    """Two system calls the extension makes without ctypes."""
+
+    mallopt: Callable[[int, int], bool]  # (option, value) -> glibc's verdict
+    syncfs: Callable[[int], int]  # fd -> 0 or the errno
+
+
+def system_calls() -> SystemCalls | None:
+    """The extension's ``mallopt`` and ``syncfs`` (:func:`dsplatform.heap.keep_stream_chunks`,
+    :func:`dsagent.format.durable.syncfs`), or None where it is not loaded (then ctypes
+    makes them). Not loops: the switch leaves them."""
+    return None if _native is None else SystemCalls(_native.mallopt, _native.syncfs)
 
 
 def spare_cores(jobs_at_once: int) -> int:
@@ -433,6 +440,7 @@ __all__ = [
     "chosen",
     "describe",
     "spare_cores",
+    "SystemCalls",
     "system_calls",
     "use_native",
     "block_samples",

@@ -326,7 +326,7 @@ def test_the_extensions_system_calls_say_what_libc_says(tmp_path: Path, extensio
 
     calls = native.system_calls()
     assert calls is not None
-    mallopt, syncfs = calls
+    mallopt, syncfs = calls.mallopt, calls.syncfs
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         assert syncfs(fd) == 0
