@@ -130,7 +130,8 @@ class FrameReader:
 
     def _decompressed(self) -> Iterator[bytes]:
         """The frame's decompressed bytes, at most :data:`CHUNK_SIZE` per step and ``limit`` in
-        all, checking its end and its checksum: the one place decompression is bounded."""
+        all, checking its end and its checksum: one frame (a manifest), or what the other paths
+        leave (module docstring)."""
         decompressor = self._decompressor
         pending = memoryview(b"")  # read from the object, not yet handed to zstd
         carried: bytes | memoryview = b""  # input zstd had not used when its frame ended
