@@ -173,7 +173,9 @@ class ExtenderApp:
             args = self._decode("filter", body)
             pod = self.view.resolve(self.framework.read_pod(args.pod))
             nodes = self.view.candidates(args)
-            outcome = self.framework.filter(pod, args.names, nodes, lambda: self.view.cluster(nodes))
+            outcome = self.framework.filter(
+                pod, args.names, nodes, lambda: self.view.cluster(nodes), self.view.waiting()
+            )
             if outcome.split_reason:
                 log.warning("filter: pod %s: %s", pod.key, outcome.split_reason)
             self.metrics.nodes_filtered.labels(result="passed").inc(len(outcome.passed))
@@ -385,6 +387,7 @@ def create_app(
             gpu_resource=settings.gpu_resource,
             roce_prefix=settings.roce_resource_prefix,
             on_listed=heap.settle,
+            job_labels=settings.job_labels,
         )
     view = View(reader, cache)
     return ExtenderApp(settings, view=view, framework=Framework(settings, jobs=jobs, node=view.node), heap=heap)

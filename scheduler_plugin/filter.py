@@ -12,6 +12,13 @@ A node fails when
   free GPUs now (resolvable): :func:`class_set`, called by the framework, which knows
   the job's set.
 
+- a job queued ahead of the pod waits for whole nodes (:class:`Waiting`, the pods of
+  multi-worker jobs kube-scheduler could not place): a node with every GPU free that the
+  pod would leave too small for one of that job's pods is kept whole, in ``FailedNodes``,
+  while kube-scheduler offers the pod another node (:func:`kept_whole`, called by the
+  framework, which sees every candidate): a smaller job behind a wide one takes the nodes
+  with GPUs in use, or waits, rather than break up the whole nodes the wide job needs
+  (docs/design.md#whole-nodes).
 - the pod opts in to *required* dataset affinity (``dsagent.io/dataset-affinity: required``)
   and the node does not hold the current version of one of its datasets ready (a node
   without an inventory holds nothing): ``FailedAndUnresolvableNodes``, since preemption
@@ -23,8 +30,8 @@ Called by the framework.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from gpu_topology.classsets import assign, set_key
 from scheduler_plugin.plugins.dataset import is_current
@@ -78,6 +85,60 @@ def class_set(pod: PodRequest, node: NodeFacts, classes: tuple[str, ...]) -> Fai
     return None
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """The pods of multi-worker jobs that kube-scheduler tried and could not place
+    (``PodScheduled`` False, ``Unschedulable``), by job: the most GPUs one of the job's
+    waiting pods asks, and the job's place in kube-scheduler's queue, ``(-priority,
+    created)`` of its first pod (the queue's default order: priority, then age)."""
+
+    jobs: Mapping[str, tuple[int, tuple[int, float]]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, pods: Iterable[tuple[str, int, tuple[int, float]]]) -> Waiting:
+        """From ``(job, GPUs, queue place)`` per waiting pod."""
+        jobs: dict[str, tuple[int, tuple[int, float]]] = {}
+        for job, gpus, place in pods:
+            held = jobs.get(job)
+            jobs[job] = (gpus, place) if held is None else (max(held[0], gpus), min(held[1], place))
+        return cls(jobs)
+
+    def ahead_of(self, job: str, place: tuple[int, float]) -> frozenset[int]:
+        """The GPU asks of the waiting jobs other than ``job`` ahead of ``place`` in the queue."""
+        return frozenset(ask for other, (ask, at) in self.jobs.items() if at < place and other != job)
+
+
+#: no pod waiting (the extender without its watch cache sees none)
+NO_WAITING = Waiting()
+
+
+def whole_free(node: NodeFacts) -> int:
+    """The node's GPU count when every one of them is free, else 0 (0 too when unknown)."""
+    if not node.gpu_facts_known:
+        return 0
+    total = node.allocatable_gpus or (len(node.topology.gpus) if node.topology is not None else 0)
+    return total if total > 0 and node.free_count >= total else 0
+
+
+def kept_whole(pod: PodRequest, node: NodeFacts, asks: frozenset[int]) -> Failure | None:
+    """Why ``node`` is kept whole for the waiting jobs ahead of ``pod`` (their GPU asks,
+    ``asks``), or None: every GPU of the node is free, and ``pod`` on it would leave fewer
+    than one of those jobs' pods asks, where the whole node would do. The framework applies
+    it only while kube-scheduler offers the pod another node."""
+    if pod.gpus <= 0 or not asks:
+        return None
+    total = whole_free(node)
+    if not total or pod.gpus >= total:
+        return None
+    left = total - pod.gpus
+    waiting = [ask for ask in asks if left < ask <= total]
+    if not waiting:
+        return None
+    return Failure(
+        f"node kept whole: every GPU free, and a job queued ahead of this pod waits for {max(waiting)} GPUs on one node"
+    )
+
+
 def _gpus(pod: PodRequest, node: NodeFacts) -> Failure | None:
     if pod.gpus <= 0:
         return None
@@ -128,4 +189,4 @@ def _human(count: int) -> str:
     return f"{count} B"
 
 
-__all__ = ["Failure", "check", "class_set"]
+__all__ = ["NO_WAITING", "Failure", "Waiting", "check", "class_set", "kept_whole", "whole_free"]

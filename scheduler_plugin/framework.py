@@ -458,17 +458,28 @@ class Framework:
         names: Sequence[str],
         nodes: Sequence[NodeFacts | None],
         cluster: Cluster | None = None,
+        waiting: node_filter.Waiting = node_filter.NO_WAITING,
     ) -> FilterOutcome:
         """Hard facts only; unknown nodes pass. With ``cluster``, a multi-worker job's pod
-        is also held to its class set (docs/design.md#class-sets)."""
+        is also held to its class set (docs/design.md#class-sets). With ``waiting`` (the
+        watch cache's), a node with every GPU free is kept whole for the waiting jobs ahead
+        of the pod while another candidate is not kept (docs/design.md#whole-nodes): the
+        pod then goes to a node kept for no one, or waits."""
         sizes = dataset.requested_sizes(pod.datasets, (n.inventory for n in nodes if n is not None))
         job_set = self.job_set(pod, cluster) if cluster is not None else None
         classes = job_set.classes if job_set is not None else ()
+        asks: frozenset[int] = frozenset()
+        if self.settings.whole_nodes and waiting.jobs and pod.gpus > 0:
+            asks = waiting.ahead_of(pod.job or pod.key, pod.queue)
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         held_out: dict[str, node_filter.Failure] = {}
+        kept: dict[str, str] = {}  # passed, but kept whole for a job ahead
+        others = 0  # candidates not kept whole, passed or not
         for name, node in zip(names, nodes):
+            whole = node_filter.kept_whole(pod, node, asks) if asks and node is not None else None
+            others += whole is None
             failure = node_filter.check(pod, node, sizes)
             if failure is None and classes and node is not None:
                 set_failure = node_filter.class_set(pod, node, classes)
@@ -477,12 +488,25 @@ class Framework:
                     continue
             if failure is None:
                 passed.append(name)
+                if whole is not None:
+                    kept[name] = whole.reason
             elif failure.unresolvable:
                 unresolvable[name] = failure.reason
             else:
                 failed[name] = failure.reason
+        keeping = bool(kept) and others > 0  # the pod is offered others: the whole ones are kept
+        if keeping:
+            passed = [name for name in passed if name not in kept]
+            failed.update(kept)
         split_reason = job_set.reason if job_set is not None else None
-        if held_out and not passed and job_set is not None and not job_set.required and pod.job is not None:
+        if (
+            held_out
+            and not passed
+            and not keeping
+            and job_set is not None
+            and not job_set.required
+            and pod.job is not None
+        ):
             # preferred: the set's nodes are gone (taken since the set was chosen); the
             # job goes across layouts rather than wait, and says so
             split_reason = f"no node can serve class set {set_key(classes)} any more; placed across class layouts"

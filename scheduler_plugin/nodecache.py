@@ -8,7 +8,10 @@ re-listing on ``410 Gone``. Node objects, with what their ``NodeCache`` publishe
 the annotations it replaces (:func:`dsplatform.wire.nodecache.overlay`; a node without one
 keeps its own: an agent of the release before, docs/operator-guide/upgrade.md#nodecache),
 become :class:`NodeFacts` through the shared :class:`NodeReader`; active pods bound to a
-node count against its free GPUs when the node publishes no free-GPU list. Readers get
+node count against its free GPUs when the node publishes no free-GPU list. The pods of
+multi-worker jobs that kube-scheduler could not place (unbound, ``PodScheduled`` False with
+reason ``Unschedulable``) are the jobs whole nodes are kept for
+(:meth:`NodeCache.waiting`, docs/design.md#whole-nodes). Readers get
 consistent snapshots: each update replaces one dict entry (atomic under the GIL). Owned by
 :class:`scheduler_plugin.view.View`. The list+watch loop, its retries (tenacity, fixed
 waits) and its stop are :class:`dsplatform.listwatch.Watches`'.
@@ -20,13 +23,15 @@ import dataclasses
 import functools
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kubernetes import client as k8s
 from kubernetes.watch.watch import iter_resp_lines
 
 from dsplatform.gpus import GpuResources, pod_gpus
+from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key, workers_of
+from dsplatform.kubetime import parse_or_none
 from dsplatform.listwatch import Absent, Watches
 from dsplatform.wire import nodecache as nodecache_contract
 from scheduler_plugin.catalog import (
@@ -38,9 +43,10 @@ from scheduler_plugin.catalog import (
 )
 from scheduler_plugin.columns import NodeColumns
 from scheduler_plugin.errors import SettingsError, ViewUnavailable
+from scheduler_plugin.filter import NO_WAITING, Waiting
 from scheduler_plugin.wire import Pod
 from scheduling.nodeinfo import NodeFacts, NodeReader
-from scheduling.podspec import pod_is_active
+from scheduling.podspec import pod_is_active, queue_place
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +65,7 @@ class NodeCache:
         retry_s: float = 1.0,
         page_size: int = 500,
         on_listed: Callable[[], None] | None = None,
+        job_labels: Sequence[str] = DEFAULT_JOB_LABELS,
     ) -> None:
         self._api = k8s.CoreV1Api(api_client)
         self._custom = k8s.CustomObjectsApi(api_client)
@@ -79,6 +86,11 @@ class NodeCache:
         # (scheduler_plugin/columns.py), updated together on every event.
         self._columns = NodeColumns()
         self._pods: dict[str, tuple[str, int]] = {}  # pod key -> (node, GPUs)
+        self._job_labels = tuple(job_labels)
+        # pod key -> (job, GPUs, queue place) of the unplaced pods of multi-worker jobs, and
+        # what filters read of them, built again at the first read after a change
+        self._unplaced: dict[str, tuple[str, int, tuple[int, float]]] = {}
+        self._waiting: Waiting | None = NO_WAITING
         self._used: dict[str, int] = {}  # node -> GPUs of its active pods
         self._datasets: dict[tuple[str, str], CurrentVersion] = {}
         self._lock = threading.Lock()
@@ -116,6 +128,15 @@ class NodeCache:
 
     def used_gpus(self, node: str) -> int:
         return self._used.get(node, 0)
+
+    def waiting(self) -> Waiting:
+        """The multi-worker jobs kube-scheduler tried and could not place, as the filter
+        reads them (:class:`~scheduler_plugin.filter.Waiting`)."""
+        waiting = self._waiting
+        if waiting is None:
+            with self._lock:
+                waiting = self._waiting = Waiting.of(self._unplaced.values())
+        return waiting
 
     def current_datasets(self) -> Mapping[tuple[str, str], CurrentVersion]:
         """(namespace, name) -> the current version its Dataset resource publishes."""
@@ -227,9 +248,12 @@ class NodeCache:
     def _pods_loop(self) -> None:
         items, version = self._watches.list("pods", self._api.list_pod_for_all_namespaces)
         pods = {key: usage for key, usage in map(self._usage, items) if key and usage}
+        unplaced = {key: waits for key, waits in map(self._unplaced_of, items) if key and waits}
         del items  # the pods as sent are not kept while the watch runs
         with self._lock:
             self._pods = pods
+            self._unplaced = unplaced
+            self._waiting = None
             self._recount()
         self._synced["pods"].set()
         if self._on_listed is not None:
@@ -238,6 +262,7 @@ class NodeCache:
             key, usage = self._usage(pod)
             if not key:
                 continue
+            waits = self._unplaced_of(pod)[1] if kind != "DELETED" else None
             with self._lock:
                 before = self._pods.pop(key, None)
                 if kind != "DELETED" and usage is not None:
@@ -246,6 +271,12 @@ class NodeCache:
                 if before != after:
                     self._adjust(before, -1)
                     self._adjust(after, +1)
+                if self._unplaced.get(key) != waits:
+                    if waits is None:
+                        del self._unplaced[key]
+                    else:
+                        self._unplaced[key] = waits
+                    self._waiting = None
 
     def _usage(self, pod: Pod) -> tuple[str | None, tuple[str, int] | None]:
         meta: Any = pod.get("metadata") or {}
@@ -259,6 +290,27 @@ class NodeCache:
         except ValueError:
             return key, None
         return key, (node, gpus) if gpus > 0 else None
+
+    def _unplaced_of(self, pod: Pod) -> tuple[str | None, tuple[str, int, tuple[int, float]] | None]:
+        """``(key, (job, GPUs, queue place))`` of a pod of a multi-worker job asking for GPUs
+        that kube-scheduler could not place; ``(key, None)`` for any other pod."""
+        meta: Any = pod.get("metadata") or {}
+        key = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
+        spec: Any = pod.get("spec") or {}
+        if spec.get("nodeName") or meta.get("deletionTimestamp") or not pod_is_active(pod):
+            return key, None
+        if not _unschedulable(pod.get("status")) or workers_of(meta.get("annotations")) <= 1:
+            return key, None
+        try:
+            gpus = pod_gpus(spec, self._gpu_names)
+        except ValueError:
+            return key, None
+        if gpus <= 0:
+            return key, None
+        namespace = meta.get("namespace") if isinstance(meta.get("namespace"), str) else "default"
+        labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else None
+        job = job_key(namespace, labels, self._job_labels) or f"{namespace}/{meta.get('name')}"
+        return key, (job, gpus, queue_place(pod, parse_or_none(meta.get("creationTimestamp"))))
 
     def _recount(self) -> None:
         used: dict[str, int] = {}
@@ -284,6 +336,18 @@ class NodeCache:
     def _with_usage(self, base: NodeFacts) -> NodeFacts:
         used = self._used.get(base.name, 0)
         return dataclasses.replace(base, used_gpus=used) if used else base
+
+
+def _unschedulable(status: Any) -> bool:
+    """Whether kube-scheduler said it could not place the pod (its ``PodScheduled``
+    condition False, reason ``Unschedulable``; the first 32 conditions are read)."""
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    if not isinstance(conditions, list):
+        return False
+    for condition in conditions[:32]:
+        if isinstance(condition, dict) and condition.get("type") == "PodScheduled":
+            return condition.get("status") == "False" and condition.get("reason") == "Unschedulable"
+    return False
 
 
 def _slim(node: Any) -> dict[str, Any]:

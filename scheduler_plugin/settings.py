@@ -85,6 +85,9 @@ class Settings(LogSettings):
     base_path: str = ""  # the path part of kube-scheduler's urlPrefix
     weights: Annotated[Weights, NoDecode, BeforeValidator(_weights)] = Field(default_factory=Weights)
     partial_datasets: Flag = False  # credit the cached fraction of requested bytes
+    # keep nodes with every GPU free from pods queued behind a waiting multi-worker job that
+    # needs them whole (needs the watch: docs/design.md#whole-nodes)
+    whole_nodes: Flag = True
     job_labels: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_labels)] = DEFAULT_JOB_LABELS
     job_ttl_s: Duration = Field(
         3600.0, validation_alias=AliasChoices("job_ttl_s", PREFIX + "JOB_TTL")

@@ -24,6 +24,7 @@ from dsplatform.wire import nodecache as nodecache_contract
 from scheduler_plugin import catalog
 from scheduler_plugin.columns import Selection
 from scheduler_plugin.errors import InvalidRequest, ViewUnavailable
+from scheduler_plugin.filter import NO_WAITING, Waiting
 from scheduler_plugin.wire import ExtenderArgs, RawNode
 from scheduling.kubeobjects import Node
 from scheduling.nodeinfo import NodeFacts, NodeReader
@@ -107,6 +108,13 @@ class View:
         if self.cache is None:
             return pod
         return catalog.resolve(pod, self.cache.current_datasets())
+
+    def waiting(self) -> Waiting:
+        """The multi-worker jobs kube-scheduler could not place, from the watch cache (none
+        without one or before its first list: nothing is kept whole then)."""
+        if self.cache is None or not self.cache.synced:
+            return NO_WAITING
+        return self.cache.waiting()
 
     def node(self, name: str) -> NodeFacts | None:
         """A node's facts by name from the watch cache (None without one, before its first

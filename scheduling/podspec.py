@@ -58,6 +58,7 @@ class PodRequest:
     gpu_classes: tuple[str, ...] = ()  # every RoCE class the pod requests (its class set), rail order
     workers: int = 1  # dsagent.io/workers: the job's worker count (1 when absent or unreadable)
     subnet_required: bool = False  # dsagent.io/subnet-placement: required (docs/design.md#class-sets)
+    queue: tuple[int, float] = (0, 0.0)  # its place in kube-scheduler's queue: (-priority, created epoch s)
 
 
 def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_prefix: str) -> PodRequest:
@@ -71,7 +72,8 @@ def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_pre
     gpus, gpu_class, gpus_error, gpu_classes = _gpus(pod, gpu_resource, roce_prefix)
     labels = _str_map(meta.get("labels"))
     job = job_key(namespace, labels, job_labels)
-    time, time_error = parse_profile(annotations, parse_or_none(meta.get("creationTimestamp")))
+    created = parse_or_none(meta.get("creationTimestamp"))
+    time, time_error = parse_profile(annotations, created)
     return PodRequest(
         key=f"{namespace}/{name}",
         namespace=namespace,
@@ -87,7 +89,19 @@ def read_pod(pod: Pod, *, job_labels: Sequence[str], gpu_resource: str, roce_pre
         gpu_classes=gpu_classes,
         workers=workers_of(annotations),
         subnet_required=subnet_required(annotations),
+        queue=queue_place(pod, created),
     )
+
+
+def queue_place(pod: Pod, created: float | None) -> tuple[int, float]:
+    """The pod's place in kube-scheduler's queue (its default order, PrioritySort: higher
+    priority first, then older): ``(-spec.priority, creation epoch seconds)``; a missing
+    or unreadable priority is 0, a missing time the queue's end."""
+    spec: Any = pod.get("spec") if isinstance(pod, dict) else None
+    priority = spec.get("priority") if isinstance(spec, dict) else None
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        priority = 0
+    return (-priority, created if created is not None else float("inf"))
 
 
 def parse_datasets(text: str | None) -> tuple[tuple[DatasetWant, ...], str | None]:
@@ -142,5 +156,6 @@ __all__ = [
     "PodRequest",
     "parse_datasets",
     "pod_is_active",
+    "queue_place",
     "read_pod",
 ]

@@ -29,6 +29,11 @@ def scheduler() -> None:
     help="Credit nodes holding some of a pod's datasets [DSEXT_PARTIAL_DATASETS].",
 )
 @click.option(
+    "--whole-nodes/--no-whole-nodes",
+    default=None,
+    help="Keep nodes with every GPU free for waiting multi-worker jobs (needs --watch) [DSEXT_WHOLE_NODES].",
+)
+@click.option(
     "--log-format", type=click.Choice(LOG_FORMATS), default=None, help="text, or JSON lines [DSEXT_LOG_FORMAT]."
 )
 @click.option("--access-log/--no-access-log", default=None, help="One log line per request [DSEXT_ACCESS_LOG].")
@@ -40,6 +45,7 @@ def serve(
     watch: bool | None,
     kubeconfig: str | None,
     partial_datasets: bool | None,
+    whole_nodes: bool | None,
     log_format: str | None,
     access_log: bool | None,
 ) -> None:
@@ -56,6 +62,7 @@ def serve(
         watch=watch,
         kubeconfig=kubeconfig,
         partial_datasets=partial_datasets,
+        whole_nodes=whole_nodes,
         log_format=log_format,
         access_log=access_log,
     )

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from dsplatform import kubetime
 from scheduler_plugin.app import ExtenderApp
 from scheduler_plugin.framework import Framework
 from scheduler_plugin.nodecache import NodeCache
@@ -276,3 +277,37 @@ def test_a_nodecache_replaces_its_node_s_annotations_and_its_changes_arrive_thro
     assert cache.state("empty") is not None and cache.state("holds") is None
     apiserver.delete("nodes", "empty")  # the NodeCache goes with its Node
     apiserver.wait_for(lambda: cache.facts("empty") is None and cache.state("empty") is None, what="both gone")
+
+
+def test_whole_nodes_are_kept_for_the_multi_worker_jobs_kube_scheduler_could_not_place(
+    apiserver: FakeApiServer, extender: tuple[httpx.Client, NodeCache]
+) -> None:
+    http, cache = extender
+    wide = {"labels": {"dsagent.io/job": "wide"}, "annotations": {"dsagent.io/workers": "4"}}
+    for i in range(2):
+        apiserver.create(make_pod(f"wide-{i}", gpus=8, **wide))  # type: ignore[arg-type]
+    # a single-worker pod kube-scheduler could not place keeps nothing: only wide jobs wait whole
+    apiserver.create(make_pod("solo", gpus=8))
+    unschedulable = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+    for name in ("wide-1", "solo"):
+        apiserver.patch("pods", name, {"status": unschedulable}, "default", subresource="status")
+    apiserver.wait_for(lambda: bool(cache.waiting().jobs), what="the unplaced wide job in the cache")
+    assert set(cache.waiting().jobs) == {"default/wide"} and cache.waiting().jobs["default/wide"][0] == 8
+
+    later = pod("small-0", namespace="default", gpus=2)
+    later["metadata"]["creationTimestamp"] = kubetime.format_time(time.time() + 3600)  # queued behind it
+    body = args_body(later, [{"metadata": {"name": n}} for n in ("holds", "unannotated")], node_cache_capable=True)
+    result = http.post("/filter", content=body).json()
+    assert result["NodeNames"] == ["holds"]  # GPUs in use there; "unannotated" has all 8 free
+    assert result["FailedNodes"]["unannotated"].startswith("node kept whole")
+    # a pod queued ahead of the wide job is not held back
+    earlier = pod("small-1", namespace="default", gpus=2)
+    earlier["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    body = args_body(earlier, [{"metadata": {"name": n}} for n in ("holds", "unannotated")], node_cache_capable=True)
+    assert http.post("/filter", content=body).json()["NodeNames"] == ["holds", "unannotated"]
+
+    # bound (scheduled at last) or deleted, the job no longer waits
+    apiserver.delete("pods", "wide-1", "default")
+    apiserver.wait_for(lambda: not cache.waiting().jobs, what="the wide job no longer waiting")
+    body = args_body(later, [{"metadata": {"name": n}} for n in ("holds", "unannotated")], node_cache_capable=True)
+    assert http.post("/filter", content=body).json()["NodeNames"] == ["holds", "unannotated"]
