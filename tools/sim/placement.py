@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from gpu_topology import best_gpu_set
 from gpu_topology.classsets import NodeRoom, gpus_in_set, single_set_exists, single_set_placement
+from scheduler_plugin.filter import Waiting
 from scheduling.migration import RunningJob, plan_migrations
 from scheduling.podspec import DatasetWant, PodRequest
 from scheduling.timemodel import (
@@ -55,6 +56,9 @@ class Placement(SimState):
         for job in window:
             if self._place_gang(job):
                 self.waiting.remove(job)
+                self.unschedulable.discard(job.id)
+            else:
+                self.unschedulable.add(job.id)
 
     def _can_fit(self, per_worker: int, workers: int) -> bool:
         return (
@@ -74,6 +78,7 @@ class Placement(SimState):
             job=f"sim/job-{job.id}",
             time=profile,
             workers=workers if workers is not None else job.workers,
+            queue=(0, job.arrival),
         )
 
     def _choose(self, job: Job, gpus: int, exclude: set[int], workers: int) -> Node | None:
@@ -91,7 +96,7 @@ class Placement(SimState):
         else:
             pod = self._pod(job, gpus, workers)
             outcome = self.framework.filter(
-                pod, [f.name for f in facts], facts, lambda: (self.facts(n) for n in self.nodes)
+                pod, [f.name for f in facts], facts, lambda: (self.facts(n) for n in self.nodes), self._waiting()
             )
             passed = set(outcome.passed)
             keep = [i for i, f in enumerate(facts) if f.name in passed]
@@ -106,6 +111,15 @@ class Placement(SimState):
         best = max(scores)
         top = [n for n, s in zip(candidates, scores) if s == best]
         return top[self.rng.randrange(len(top))]
+
+    def _waiting(self) -> Waiting:
+        """The pods kube-scheduler could not place, as the extender's watch cache sees them."""
+        tried = self.unschedulable
+        return Waiting.of(
+            (f"sim/job-{j.id}", j.gpus_per_worker, (0, j.arrival))
+            for j in self.waiting
+            if j.workers > 1 and j.id in tried
+        )
 
     def _gpus_for(self, job: Job, node: Node, count: int, workers: int = 1) -> tuple[int, ...] | None:
         free = sorted(node.free)

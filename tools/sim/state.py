@@ -72,6 +72,7 @@ class SimState:
         self.events: list[tuple[float, int, str, int]] = []
         self.seq = 0
         self.waiting: list[Job] = []
+        self.unschedulable: set[int] = set()  # waiting jobs tried and not placed (PodScheduled False)
         self.outcomes = {j.id: Outcome(j, migratable=policies.migratable(j.id, seed)) for j in self.jobs}
         self.epochs_capped = 0  # jobs whose derived epochs max_epochs lowered
         for out in self.outcomes.values():
