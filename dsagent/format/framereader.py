@@ -57,14 +57,10 @@ from collections import deque
 from collections.abc import Iterator
 from typing import IO, TYPE_CHECKING, cast
 
-try:  # Python 3.14+
-    from compression import zstd as _zstd
-except ImportError:  # pragma: no cover - depends on the Python version
-    from backports import zstd as _zstd
-
 from dsagent.errors import IntegrityError
 from dsagent.format import zstdframes
 from dsagent.format.hashing import CHUNK_SIZE
+from dsagent.format.zstdlib import zstd as _zstd
 
 if TYPE_CHECKING:
     from concurrent.futures import Future

@@ -152,10 +152,7 @@ def decode_whole(frame: list[memoryview]) -> bytes | None:
     the one the one-thread path takes: a frame either path refuses, both do) comes first,
     so zstd, which ends cleanly where its input ends inside a frame, is only handed a
     frame whole; it checks the blocks and the checksum."""
-    try:  # Python 3.14+
-        from compression import zstd as _zstd
-    except ImportError:  # pragma: no cover - depends on the Python version
-        from backports import zstd as _zstd
+    from dsagent.format.zstdlib import zstd as _zstd  # here: the digest imports this module
 
     data = frame[0] if len(frame) == 1 else b"".join(frame)
     try:
