@@ -137,6 +137,7 @@ class ExtenderApp:
             status, reply = self.roce_class(scope.get("query_string", b""))
             await _reply(send, status, reply)
         elif path == "/metrics":
+            self.metrics.waiting_jobs.set(len(self.view.waiting().jobs))
             text = self.metrics.render()
             await send(
                 {

@@ -13,6 +13,9 @@ never the process-global one, so tests can run several apps in one process.
   ExtenderArgs (or too large);
 - ``dsplatform_extender_nodes_scored_total{verb}``: nodes given a score;
 - ``dsplatform_extender_nodes_filtered_total{result}``: nodes passed or failed by filter;
+- ``dsplatform_extender_waiting_jobs``: the multi-worker jobs kube-scheduler could not
+  place, for which nodes with every GPU free are kept whole (watch mode; read at each
+  scrape; docs/design.md#whole-nodes);
 - ``dsplatform_extender_build_info{version}`` = 1.
 
 Every verb's series exist (at 0) from the start (:data:`VERBS`): an error ratio and a
@@ -55,6 +58,9 @@ class ExtenderMetrics(MetricSet):
         )
         for result in ("passed", "failed"):
             self.nodes_filtered.labels(result=result)
+        self.waiting_jobs = self.gauge(
+            "waiting_jobs", "Multi-worker jobs kube-scheduler could not place, kept whole nodes for (watch mode)."
+        )
         # an error-ratio alert and a latency panel need the series before the first request
         for verb in VERBS:
             self.latency.labels(verb=verb)

@@ -293,6 +293,7 @@ def test_whole_nodes_are_kept_for_the_multi_worker_jobs_kube_scheduler_could_not
         apiserver.patch("pods", name, {"status": unschedulable}, "default", subresource="status")
     apiserver.wait_for(lambda: bool(cache.waiting().jobs), what="the unplaced wide job in the cache")
     assert set(cache.waiting().jobs) == {"default/wide"} and cache.waiting().jobs["default/wide"][0] == 8
+    assert "dsplatform_extender_waiting_jobs 1.0" in http.get("/metrics").text
 
     later = pod("small-0", namespace="default", gpus=2)
     later["metadata"]["creationTimestamp"] = kubetime.format_time(time.time() + 3600)  # queued behind it
@@ -309,5 +310,6 @@ def test_whole_nodes_are_kept_for_the_multi_worker_jobs_kube_scheduler_could_not
     # bound (scheduled at last) or deleted, the job no longer waits
     apiserver.delete("pods", "wide-1", "default")
     apiserver.wait_for(lambda: not cache.waiting().jobs, what="the wide job no longer waiting")
+    assert "dsplatform_extender_waiting_jobs 0.0" in http.get("/metrics").text
     body = args_body(later, [{"metadata": {"name": n}} for n in ("holds", "unannotated")], node_cache_capable=True)
     assert http.post("/filter", content=body).json()["NodeNames"] == ["holds", "unannotated"]
