@@ -280,31 +280,31 @@ class NodeCache:
 
     def _usage(self, pod: Pod) -> tuple[str | None, tuple[str, int] | None]:
         meta: Any = pod.get("metadata") or {}
-        key = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
         spec: Any = pod.get("spec") or {}
         node = spec.get("nodeName")
         if not node or not pod_is_active(pod):
-            return key, None
+            return _pod_key(meta), None
+        gpus = self._requested(spec)
+        return _pod_key(meta), (node, gpus) if gpus > 0 else None
+
+    def _requested(self, spec: Any) -> int:
+        """The GPUs a pod's spec asks for; 0 when its requests cannot be read."""
         try:
-            gpus = pod_gpus(spec, self._gpu_names)
+            return pod_gpus(spec, self._gpu_names)
         except ValueError:
-            return key, None
-        return key, (node, gpus) if gpus > 0 else None
+            return 0
 
     def _unplaced_of(self, pod: Pod) -> tuple[str | None, tuple[str, int, tuple[int, float]] | None]:
         """``(key, (job, GPUs, queue place))`` of a pod of a multi-worker job asking for GPUs
         that kube-scheduler could not place; ``(key, None)`` for any other pod."""
         meta: Any = pod.get("metadata") or {}
-        key = meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
+        key = _pod_key(meta)
         spec: Any = pod.get("spec") or {}
         if spec.get("nodeName") or meta.get("deletionTimestamp") or not pod_is_active(pod):
             return key, None
         if not _unschedulable(pod.get("status")) or workers_of(meta.get("annotations")) <= 1:
             return key, None
-        try:
-            gpus = pod_gpus(spec, self._gpu_names)
-        except ValueError:
-            return key, None
+        gpus = self._requested(spec)
         if gpus <= 0:
             return key, None
         namespace = meta.get("namespace") if isinstance(meta.get("namespace"), str) else "default"
@@ -336,6 +336,11 @@ class NodeCache:
     def _with_usage(self, base: NodeFacts) -> NodeFacts:
         used = self._used.get(base.name, 0)
         return dataclasses.replace(base, used_gpus=used) if used else base
+
+
+def _pod_key(meta: Any) -> str:
+    """What the cache keys a pod by: its uid, else ``namespace/name``."""
+    return meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"
 
 
 def _unschedulable(status: Any) -> bool:
