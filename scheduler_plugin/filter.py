@@ -18,7 +18,8 @@ A node fails when
   while kube-scheduler offers the pod another node (:func:`kept_whole`, called by the
   framework, which sees every candidate): a smaller job behind a wide one takes the nodes
   with GPUs in use, or waits, rather than break up the whole nodes the wide job needs
-  (docs/design.md#whole-nodes).
+  (docs/design.md#whole-nodes). A node the waiting job's pods may not use (their node
+  selector, required node affinity or tolerations rule it out) is kept for it by no one.
 - the pod opts in to *required* dataset affinity (``dsagent.io/dataset-affinity: required``)
   and the node does not hold the current version of one of its datasets ready (a node
   without an inventory holds nothing): ``FailedAndUnresolvableNodes``, since preemption
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from gpu_topology.classsets import assign, set_key
 from scheduler_plugin.plugins.dataset import is_current
@@ -90,22 +92,40 @@ class Waiting:
     """The pods of multi-worker jobs that kube-scheduler tried and could not place
     (``PodScheduled`` False, ``Unschedulable``), by job: the most GPUs one of the job's
     waiting pods asks, and the job's place in kube-scheduler's queue, ``(-priority,
-    created)`` of its first pod (the queue's default order: priority, then age)."""
+    created)`` of its first pod (the queue's default order: priority, then age); and, where
+    known (the watch cache's), the placement keys of the nodes its pods may use
+    (:mod:`scheduling.nodefit`: node selector, required node affinity, taints, cordons): a
+    node no pod of the job may use is kept for it by no one. A job not in ``nodes`` may use
+    any node."""
 
     jobs: Mapping[str, tuple[int, tuple[int, float]]] = field(default_factory=dict)
+    nodes: Mapping[str, frozenset[object]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, pods: Iterable[tuple[str, int, tuple[int, float]]]) -> Waiting:
-        """From ``(job, GPUs, queue place)`` per waiting pod."""
+    def of(
+        cls, pods: Iterable[tuple[str, int, tuple[int, float]]], nodes: Mapping[str, frozenset[object]] | None = None
+    ) -> Waiting:
+        """From ``(job, GPUs, queue place)`` per waiting pod, and the placement keys each
+        job's pods may use (``nodes``; a job left out: any)."""
         jobs: dict[str, tuple[int, tuple[int, float]]] = {}
         for job, gpus, place in pods:
             held = jobs.get(job)
             jobs[job] = (gpus, place) if held is None else (max(held[0], gpus), min(held[1], place))
-        return cls(jobs)
+        return cls(jobs, dict(nodes or {}))
 
-    def ahead_of(self, job: str, place: tuple[int, float]) -> frozenset[int]:
-        """The GPU asks of the waiting jobs other than ``job`` ahead of ``place`` in the queue."""
-        return frozenset(ask for other, (ask, at) in self.jobs.items() if at < place and other != job)
+    def ahead_of(self, job: str, place: tuple[int, float]) -> frozenset[Ask]:
+        """What the waiting jobs other than ``job`` ahead of ``place`` in the queue ask."""
+        return frozenset(
+            Ask(gpus, self.nodes.get(other)) for other, (gpus, at) in self.jobs.items() if at < place and other != job
+        )
+
+
+class Ask(NamedTuple):
+    """A waiting job's pods' GPU ask, and the placement keys of the nodes they may use
+    (None: any node)."""
+
+    gpus: int
+    nodes: frozenset[object] | None = None
 
 
 #: no pod waiting (the extender without its watch cache sees none)
@@ -120,18 +140,22 @@ def whole_free(node: NodeFacts) -> int:
     return total if total > 0 and node.free_count >= total else 0
 
 
-def kept_whole(pod: PodRequest, node: NodeFacts, asks: frozenset[int]) -> Failure | None:
-    """Why ``node`` is kept whole for the waiting jobs ahead of ``pod`` (their GPU asks,
-    ``asks``), or None: every GPU of the node is free, and ``pod`` on it would leave fewer
-    than one of those jobs' pods asks, where the whole node would do. The framework applies
-    it only while kube-scheduler offers the pod another node."""
-    if pod.gpus <= 0 or not asks:
+def kept_whole(pod: PodRequest, node: NodeFacts, asks: Iterable[Ask]) -> Failure | None:
+    """Why ``node`` is kept whole for the waiting jobs ahead of ``pod`` (``asks``), or None:
+    every GPU of the node is free, and ``pod`` on it would leave fewer than one of those
+    jobs' pods asks, where the whole node would do and that job's pods may use the node.
+    The framework applies it only while kube-scheduler offers the pod another node."""
+    if pod.gpus <= 0:
         return None
     total = whole_free(node)
     if not total or pod.gpus >= total:
         return None
     left = total - pod.gpus
-    waiting = [ask for ask in asks if left < ask <= total]
+    waiting = [
+        ask.gpus
+        for ask in asks
+        if left < ask.gpus <= total and (ask.nodes is None or node.placement in ask.nodes)
+    ]  # fmt: skip
     if not waiting:
         return None
     return Failure(
@@ -189,4 +213,4 @@ def _human(count: int) -> str:
     return f"{count} B"
 
 
-__all__ = ["NO_WAITING", "Failure", "Waiting", "check", "class_set", "kept_whole", "whole_free"]
+__all__ = ["NO_WAITING", "Ask", "Failure", "Waiting", "check", "class_set", "kept_whole", "whole_free"]

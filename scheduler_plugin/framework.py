@@ -468,7 +468,7 @@ class Framework:
         sizes = dataset.requested_sizes(pod.datasets, (n.inventory for n in nodes if n is not None))
         job_set = self.job_set(pod, cluster) if cluster is not None else None
         classes = job_set.classes if job_set is not None else ()
-        asks: frozenset[int] = frozenset()
+        asks: frozenset[node_filter.Ask] = frozenset()
         if self.settings.whole_nodes and waiting.jobs and pod.gpus > 0:
             asks = waiting.ahead_of(pod.job or pod.key, pod.queue)
         passed: list[str] = []
@@ -477,14 +477,14 @@ class Framework:
         held_out: dict[str, node_filter.Failure] = {}
         kept: dict[str, str] = {}  # passed, but kept whole for a job ahead
         others = 0  # candidates not kept whole, passed or not
-        # a node is kept or not by its GPU facts alone: asked once per distinct GPU key (a
-        # call per node tripled a 15,000-node filter's time while a wide job waited)
-        kept_by_key: dict[tuple[object, int, bool], str | None] = {}
-        least = min(asks, default=0)  # a node with fewer GPUs free is kept for no one
+        # a node is kept or not by its GPU facts and placement key alone: asked once per
+        # distinct pair (a call per node tripled a 15,000-node filter's time while a wide job waited)
+        kept_by_key: dict[tuple[object, int, bool, object], str | None] = {}
+        least = min((ask.gpus for ask in asks), default=0)  # a node with fewer GPUs free is kept for no one
         for name, node in zip(names, nodes):
             whole = None
             if asks and node is not None and node.free_count >= least:
-                key = (node.gpu_key, node.allocatable_gpus, node.gpu_facts_known)
+                key = (node.gpu_key, node.allocatable_gpus, node.gpu_facts_known, node.placement)
                 if key in kept_by_key:
                     whole = kept_by_key[key]
                 else:

@@ -11,7 +11,9 @@ become :class:`NodeFacts` through the shared :class:`NodeReader`; active pods bo
 node count against its free GPUs when the node publishes no free-GPU list. The pods of
 multi-worker jobs that kube-scheduler could not place (unbound, ``PodScheduled`` False with
 reason ``Unschedulable``) are the jobs whole nodes are kept for
-(:meth:`NodeCache.waiting`, docs/design.md#whole-nodes). Readers get
+(:meth:`NodeCache.waiting`, docs/design.md#whole-nodes), each on the nodes its pods' rules
+allow: every node's facts carry its placement key (:func:`scheduling.nodefit.placement_key`,
+each distinct key kept once), and a job's rules are asked once per key. Readers get
 consistent snapshots: each update replaces one dict entry (atomic under the GIL). Owned by
 :class:`scheduler_plugin.view.View`. The list+watch loop, its retries (tenacity, fixed
 waits) and its stop are :class:`dsplatform.listwatch.Watches`'.
@@ -29,6 +31,7 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.watch.watch import iter_resp_lines
 
+from dsplatform.errors import InvalidInput
 from dsplatform.gpus import GpuResources, pod_gpus
 from dsplatform.jobs import DEFAULT_JOB_LABELS, job_key, workers_of
 from dsplatform.kubetime import parse_or_none
@@ -45,10 +48,20 @@ from scheduler_plugin.columns import NodeColumns
 from scheduler_plugin.errors import SettingsError, ViewUnavailable
 from scheduler_plugin.filter import NO_WAITING, Waiting
 from scheduler_plugin.wire import Pod
+from scheduling.nodefit import PlacementKey, PodRules, allowed_on, placement_key, pod_rules
 from scheduling.nodeinfo import NodeFacts, NodeReader
 from scheduling.podspec import pod_is_active, queue_place
 
 log = logging.getLogger(__name__)
+
+#: at most this many placement keys, and answers of a pod's rules on one, are kept: past
+#: that, both start again (a cluster has a few dozen pools; labels that change all the
+#: time would otherwise grow them without end)
+PLACEMENTS_LIMIT = 65_536
+
+#: an unplaced pod of a multi-worker job: (job, GPUs, queue place, its node rules; None:
+#: rules that name nodes one by one, or that cannot be read)
+Unplaced = tuple[str, int, tuple[int, float], PodRules | None]
 
 
 class NodeCache:
@@ -87,10 +100,13 @@ class NodeCache:
         self._columns = NodeColumns()
         self._pods: dict[str, tuple[str, int]] = {}  # pod key -> (node, GPUs)
         self._job_labels = tuple(job_labels)
-        # pod key -> (job, GPUs, queue place) of the unplaced pods of multi-worker jobs, and
-        # what filters read of them, built again at the first read after a change
-        self._unplaced: dict[str, tuple[str, int, tuple[int, float]]] = {}
+        # pod key -> what the filters read of the unplaced pods of multi-worker jobs, and
+        # the Waiting built from them again at the first read after a change
+        self._unplaced: dict[str, Unplaced] = {}
         self._waiting: Waiting | None = NO_WAITING
+        # the nodes' placement keys, each once, and what a pod's rules answer on each
+        self._placements: dict[PlacementKey, PlacementKey] = {}
+        self._allowed: dict[tuple[str, PlacementKey], bool] = {}
         self._used: dict[str, int] = {}  # node -> GPUs of its active pods
         self._datasets: dict[tuple[str, str], CurrentVersion] = {}
         self._lock = threading.Lock()
@@ -135,8 +151,36 @@ class NodeCache:
         waiting = self._waiting
         if waiting is None:
             with self._lock:
-                waiting = self._waiting = Waiting.of(self._unplaced.values())
+                waiting = self._waiting = self._gather_waiting()
         return waiting
+
+    def _gather_waiting(self) -> Waiting:
+        """:class:`Waiting` of the unplaced pods, each job with the placement keys of the
+        nodes its pods' rules allow (called under the lock)."""
+        by_job: dict[str, dict[str, PodRules]] = {}
+        for job, _, _, rules in self._unplaced.values():
+            held = by_job.setdefault(job, {})
+            if rules is not None:
+                held[rules.key] = rules
+        keys = {k for facts in self._nodes.values() if isinstance(k := facts.placement, PlacementKey)}
+        nodes = {
+            job: frozenset(k for k in keys if any(self._allows(r, k) for r in rules.values()))
+            for job, rules in by_job.items()
+        }
+        return Waiting.of(((job, gpus, place) for job, gpus, place, _ in self._unplaced.values()), nodes)
+
+    def _allows(self, rules: PodRules, key: PlacementKey) -> bool:
+        """Whether a pod of ``rules`` may run on the nodes of ``key`` (remembered)."""
+        found = self._allowed.get((rules.key, key))
+        if found is None:
+            if len(self._allowed) >= PLACEMENTS_LIMIT:
+                self._allowed.clear()
+            try:
+                found = allowed_on(rules, key)
+            except InvalidInput:
+                found = False
+            self._allowed[(rules.key, key)] = found
+        return found
 
     def current_datasets(self) -> Mapping[tuple[str, str], CurrentVersion]:
         """(namespace, name) -> the current version its Dataset resource publishes."""
@@ -166,6 +210,7 @@ class NodeCache:
             nodes = {name: self._read(name, n) for n in items if (name := _name(n))}
             self._slim = slim
             self._nodes = nodes
+            self._waiting = None
             self._columns = NodeColumns({name: self._with_usage(base) for name, base in nodes.items()})
         del items  # the Nodes as sent are not kept while the watch runs (the module docstring)
         self._synced["nodes"].set()
@@ -183,12 +228,24 @@ class NodeCache:
                     self._columns.drop(name)
                 else:
                     self._slim[name] = _slim(node)
+                    before = self._nodes.get(name)
                     base = self._nodes[name] = self._read(name, node)
                     self._columns.put(name, self._with_usage(base))
+                    if before is None or before.placement is not base.placement:
+                        self._waiting = None  # whom the node may be kept for changed
 
-    def _read(self, name: str, node: Any) -> NodeFacts:
-        """The facts of ``node`` with its NodeCache overlaid (called under the lock)."""
-        return self._reader.read(nodecache_contract.overlay(node, self._states.get(name)))  # type: ignore[arg-type]
+    def _read(self, name: str, node: Any, placement: PlacementKey | None = None) -> NodeFacts:
+        """The facts of ``node`` (a Node as sent, or its slim copy with the ``placement``
+        read before) with its NodeCache overlaid, and its placement key (called under the lock)."""
+        facts = self._reader.read(nodecache_contract.overlay(node, self._states.get(name)))  # type: ignore[arg-type]
+        if placement is None:
+            key = placement_key(node)
+            placement = self._placements.get(key)
+            if placement is None:
+                if len(self._placements) >= PLACEMENTS_LIMIT:
+                    self._placements.clear()
+                placement = self._placements[key] = key
+        return dataclasses.replace(facts, placement=placement)
 
     # -- nodecaches ----------------------------------------------------------------
 
@@ -219,10 +276,10 @@ class NodeCache:
 
     def _refresh(self, name: str) -> None:
         """Read a known node again after its NodeCache changed (called under the lock)."""
-        slim = self._slim.get(name)
-        if slim is None:
+        slim, held = self._slim.get(name), self._nodes.get(name)
+        if slim is None or held is None or not isinstance(held.placement, PlacementKey):
             return
-        base = self._nodes[name] = self._read(name, slim)
+        base = self._nodes[name] = self._read(name, slim, held.placement)  # the slim copy has no labels
         self._columns.put(name, self._with_usage(base))
 
     # -- datasets ----------------------------------------------------------------
@@ -294,9 +351,9 @@ class NodeCache:
         except ValueError:
             return 0
 
-    def _unplaced_of(self, pod: Pod) -> tuple[str | None, tuple[str, int, tuple[int, float]] | None]:
-        """``(key, (job, GPUs, queue place))`` of a pod of a multi-worker job asking for GPUs
-        that kube-scheduler could not place; ``(key, None)`` for any other pod."""
+    def _unplaced_of(self, pod: Pod) -> tuple[str | None, Unplaced | None]:
+        """``(key, (job, GPUs, queue place, node rules))`` of a pod of a multi-worker job
+        asking for GPUs that kube-scheduler could not place; ``(key, None)`` for any other pod."""
         meta: Any = pod.get("metadata") or {}
         key = _pod_key(meta)
         spec: Any = pod.get("spec") or {}
@@ -310,7 +367,11 @@ class NodeCache:
         namespace = meta.get("namespace") if isinstance(meta.get("namespace"), str) else "default"
         labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else None
         job = job_key(namespace, labels, self._job_labels) or f"{namespace}/{meta.get('name')}"
-        return key, (job, gpus, queue_place(pod, parse_or_none(meta.get("creationTimestamp"))))
+        try:
+            rules = pod_rules(pod)
+        except InvalidInput:
+            rules = None  # the API server admits no such pod: keep nothing for it
+        return key, (job, gpus, queue_place(pod, parse_or_none(meta.get("creationTimestamp"))), rules)
 
     def _recount(self) -> None:
         used: dict[str, int] = {}

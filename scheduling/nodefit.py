@@ -16,16 +16,26 @@ refuses pods that require them), CPU, memory and other resources, ports and volu
 
 Pods and nodes are hostile input: a rule of a shape the API server would not accept raises
 :class:`~dsplatform.errors.InvalidInput`. Pure: no I/O.
+
+The extender asks the same question of many nodes at once (which nodes a waiting job's pods
+may use, docs/design.md#whole-nodes): :func:`placement_key` is what these filters read of a
+node, less its own name (the ``kubernetes.io/hostname`` label), so that the nodes of a pool
+share one key and a pod's rules (:func:`pod_rules`) are asked once per key
+(:func:`allowed_on`), not once per node. Rules that name nodes one by one (``matchFields``,
+or the hostname label) have no answer per key: :func:`pod_rules` gives None for them.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from dsplatform.errors import InvalidInput
 
 MAX_RULES = 256  # terms, requirements, values, tolerations, taints: more is not a pod we plan
+#: the label the kubelet sets to the node's own name: no part of a node's placement key
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
 def _list(value: Any, what: str) -> list[Any]:
@@ -170,4 +180,74 @@ def inter_pod_rules(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
-__all__ = ["check_rules", "inter_pod_rules", "node_allowed"]
+class PlacementKey(NamedTuple):
+    """What :func:`node_allowed` reads of a node but its name: nodes with equal keys are
+    allowed to the same pods (whose rules do not name nodes one by one)."""
+
+    labels: frozenset[tuple[str, str]]  # but the hostname label
+    taints: tuple[tuple[str, str, str], ...]  # (key, value, effect), NoSchedule and NoExecute only
+    cordoned: bool
+
+
+class PodRules(NamedTuple):
+    """A pod's node rules (node selector, required node affinity, tolerations) as
+    :func:`node_allowed` reads them; ``key``: the same, as one canonical string."""
+
+    key: str
+    pod: Mapping[str, Any]
+
+
+def placement_key(node: Mapping[str, Any]) -> PlacementKey:
+    """``node``'s (raw v1.Node, hostile) :class:`PlacementKey`."""
+    meta, spec = _node_part(node, "metadata"), _node_part(node, "spec")
+    raw = meta.get("labels")
+    labels = frozenset(
+        (k, v) for k, v in (raw.items() if isinstance(raw, dict) else ()) if isinstance(v, str) and k != HOSTNAME_LABEL
+    )
+    raw_taints = spec.get("taints")
+    taints = sorted(
+        (str(t.get("key") or ""), str(t.get("value") or ""), str(t["effect"]))
+        for t in (raw_taints[:MAX_RULES] if isinstance(raw_taints, list) else [])
+        if isinstance(t, dict) and t.get("effect") in ("NoSchedule", "NoExecute")
+    )
+    return PlacementKey(labels, tuple(taints), spec.get("unschedulable") is True)
+
+
+def pod_rules(pod: Mapping[str, Any]) -> PodRules | None:
+    """``pod``'s node rules, or None where they name nodes one by one (``matchFields``, or
+    the hostname label): no answer per :class:`PlacementKey` then. :class:`InvalidInput`
+    as :func:`check_rules` raises it."""
+    check_rules(pod)
+    spec = _dict(pod.get("spec"), "spec")
+    selector = _dict(spec.get("nodeSelector"), "nodeSelector")
+    affinity = _dict(_dict(spec.get("affinity"), "affinity").get("nodeAffinity"), "nodeAffinity")
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    terms = _list(_dict(required, "required node affinity").get("nodeSelectorTerms"), "nodeSelectorTerms")
+    keys = set(selector)
+    for term in terms:
+        if _list(term.get("matchFields"), "matchFields"):
+            return None
+        keys.update(e.get("key") for e in _list(term.get("matchExpressions"), "matchExpressions"))
+    if HOSTNAME_LABEL in keys:
+        return None
+    rules: dict[str, Any] = {}
+    if selector:
+        rules["nodeSelector"] = selector
+    if required is not None:
+        rules["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+    if spec.get("tolerations"):
+        rules["tolerations"] = spec["tolerations"]
+    return PodRules(json.dumps(rules, sort_keys=True, separators=(",", ":")), {"spec": rules})
+
+
+def allowed_on(rules: PodRules, key: PlacementKey) -> bool:
+    """:func:`node_allowed` for a pod of ``rules`` on any node of placement ``key``."""
+    taints = [{"key": k, "value": v, "effect": e} for k, v, e in key.taints]
+    node = {"metadata": {"labels": dict(key.labels)}, "spec": {"taints": taints, "unschedulable": key.cordoned}}
+    return node_allowed(rules.pod, node)
+
+
+__all__ = [
+    "HOSTNAME_LABEL", "PlacementKey", "PodRules", "allowed_on", "check_rules", "inter_pod_rules", "node_allowed",
+    "placement_key", "pod_rules",
+]  # fmt: skip

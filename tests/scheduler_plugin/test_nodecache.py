@@ -313,3 +313,40 @@ def test_whole_nodes_are_kept_for_the_multi_worker_jobs_kube_scheduler_could_not
     assert "dsplatform_extender_waiting_jobs 0.0" in http.get("/metrics").text
     body = args_body(later, [{"metadata": {"name": n}} for n in ("holds", "unannotated")], node_cache_capable=True)
     assert http.post("/filter", content=body).json()["NodeNames"] == ["holds", "unannotated"]
+
+
+def test_a_waiting_job_keeps_only_the_nodes_its_pods_may_use(
+    apiserver: FakeApiServer, extender: tuple[httpx.Client, NodeCache]
+) -> None:
+    """Node pools: a wide job for the h100 pool keeps a whole h100 node, never a whole node
+    of another pool nor one whose taint its pods do not tolerate; a node relabelled into
+    the pool is kept from then on (the watch)."""
+    http, cache = extender
+    pool = api_node("h100-a", topology=TOPO, gpus=8)
+    pool["metadata"]["labels"]["pool"] = "h100"
+    apiserver.create(pool)
+    tainted = api_node("h100-reserved", topology=TOPO, gpus=8)
+    tainted["metadata"]["labels"]["pool"] = "h100"
+    tainted["spec"] = {"taints": [{"key": "reserved", "value": "infra", "effect": "NoSchedule"}]}
+    apiserver.create(tainted)
+    wide = make_pod("wide-0", gpus=8, labels={"dsagent.io/job": "wide"}, annotations={"dsagent.io/workers": "4"})
+    wide["spec"]["nodeSelector"] = {"pool": "h100"}
+    apiserver.create(wide)
+    unschedulable = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+    apiserver.patch("pods", "wide-0", {"status": unschedulable}, "default", subresource="status")
+    apiserver.wait_for(lambda: bool(cache.waiting().jobs), what="the unplaced wide job in the cache")
+
+    later = pod("small-0", namespace="default", gpus=2)
+    later["metadata"]["creationTimestamp"] = kubetime.format_time(time.time() + 3600)  # queued behind it
+    candidates = ["holds", "unannotated", "h100-a", "h100-reserved"]
+    body = args_body(later, [{"metadata": {"name": n}} for n in candidates], node_cache_capable=True)
+    result = http.post("/filter", content=body).json()
+    assert result["NodeNames"] == ["holds", "unannotated", "h100-reserved"]
+    assert set(result["FailedNodes"]) == {"h100-a"} and result["FailedNodes"]["h100-a"].startswith("node kept whole")
+
+    # the whole node outside the pool joins it: kept from then on
+    apiserver.patch("nodes", "unannotated", {"metadata": {"labels": {"pool": "h100"}}})
+    apiserver.wait_for(
+        lambda: "unannotated" in http.post("/filter", content=body).json()["FailedNodes"],
+        what="the relabelled node kept for the wide job",
+    )

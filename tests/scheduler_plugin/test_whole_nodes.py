@@ -4,14 +4,16 @@ offered another node (docs/design.md#whole-nodes)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Sequence
 
 from gpu_topology.classsets import set_key
-from scheduler_plugin.filter import NO_WAITING, Waiting, kept_whole, whole_free
+from scheduler_plugin.filter import NO_WAITING, Ask, Waiting, kept_whole, whole_free
 from scheduler_plugin.framework import Framework
 from scheduler_plugin.settings import Settings
 from scheduler_plugin.testing import node, pod, topology_json
+from scheduling.nodefit import placement_key
 from scheduling.nodeinfo import NodeFacts, NodeReader
 from scheduling.podspec import PodRequest, read_pod
 
@@ -33,9 +35,9 @@ def small(gpus: int = 2, *, job: str = "ml/small", queue: tuple[int, float] = LA
 def test_a_waiting_job_is_its_largest_ask_at_its_first_place_in_the_queue() -> None:
     waiting = Waiting.of([("a", 4, (0, 50.0)), ("a", 8, (0, 10.0)), ("b", 2, (-5, 90.0))])
     assert waiting.jobs == {"a": (8, (0, 10.0)), "b": (2, (-5, 90.0))}
-    assert waiting.ahead_of("c", (0, 20.0)) == {8, 2}  # b's higher priority puts it first
-    assert waiting.ahead_of("c", (0, 5.0)) == {2}
-    assert waiting.ahead_of("a", (0, 20.0)) == {2}  # never kept for its own job
+    assert waiting.ahead_of("c", (0, 20.0)) == {Ask(8), Ask(2)}  # b's higher priority puts it first
+    assert waiting.ahead_of("c", (0, 5.0)) == {Ask(2)}
+    assert waiting.ahead_of("a", (0, 20.0)) == {Ask(2)}  # never kept for its own job
     assert waiting.ahead_of("c", (-9, 0.0)) == frozenset()  # a higher priority is ahead of all
     assert NO_WAITING.ahead_of("c", (0, 1e12)) == frozenset()
 
@@ -43,19 +45,19 @@ def test_a_waiting_job_is_its_largest_ask_at_its_first_place_in_the_queue() -> N
 def test_only_a_node_with_every_gpu_free_is_kept_and_only_for_an_ask_it_would_no_longer_hold() -> None:
     whole, used = facts([range(8), range(1, 8)])
     assert whole_free(whole) == 8 and whole_free(used) == 0
-    kept = kept_whole(small(2), whole, frozenset({8}))
+    kept = kept_whole(small(2), whole, frozenset({Ask(8)}))
     assert kept is not None and not kept.unresolvable
     assert kept.reason == (
         "node kept whole: every GPU free, and a job queued ahead of this pod waits for 8 GPUs on one node"
     )
-    assert kept_whole(small(2), used, frozenset({8})) is None  # GPUs in use: nothing to keep
-    assert kept_whole(small(2), whole, frozenset({4})) is None  # 6 left still take a 4-GPU pod
-    assert kept_whole(small(6), whole, frozenset({4})) is not None  # 2 left would not
-    assert kept_whole(small(8), whole, frozenset({8})) is None  # a whole-node pod itself
-    assert kept_whole(small(2), whole, frozenset({16})) is None  # no node of this kind holds that ask
-    assert kept_whole(small(0), whole, frozenset({8})) is None  # a pod without GPUs takes none
+    assert kept_whole(small(2), used, frozenset({Ask(8)})) is None  # GPUs in use: nothing to keep
+    assert kept_whole(small(2), whole, frozenset({Ask(4)})) is None  # 6 left still take a 4-GPU pod
+    assert kept_whole(small(6), whole, frozenset({Ask(4)})) is not None  # 2 left would not
+    assert kept_whole(small(8), whole, frozenset({Ask(8)})) is None  # a whole-node pod itself
+    assert kept_whole(small(2), whole, frozenset({Ask(16)})) is None  # no node of this kind holds that ask
+    assert kept_whole(small(0), whole, frozenset({Ask(8)})) is None  # a pod without GPUs takes none
     unknown = NodeReader().read(node("bare", gpus=None))
-    assert whole_free(unknown) == 0 and kept_whole(small(2), unknown, frozenset({8})) is None
+    assert whole_free(unknown) == 0 and kept_whole(small(2), unknown, frozenset({Ask(8)})) is None
 
 
 def filtered(request: PodRequest, nodes: Sequence[NodeFacts], waiting: Waiting, **settings: object):  # type: ignore[no-untyped-def]
@@ -122,3 +124,23 @@ def test_a_pods_place_in_the_queue_is_its_priority_then_its_age() -> None:
     del raw["metadata"]["creationTimestamp"]
     read = read_pod(raw, job_labels=("dsagent.io/job",), gpu_resource="nvidia.com/gpu", roce_prefix="x.io/c")
     assert read.queue == (0, float("inf"))  # unreadable: no priority, the queue's end
+
+
+def test_a_node_is_kept_only_for_a_job_whose_pods_may_run_there() -> None:
+    h100 = placement_key({"metadata": {"labels": {"pool": "h100"}}})
+    a100 = placement_key({"metadata": {"labels": {"pool": "a100"}}})
+    whole, other_pool, unknown = (dataclasses.replace(facts([range(8)])[0], placement=k) for k in (h100, a100, None))
+    pool_job = Ask(8, frozenset({h100}))
+    assert kept_whole(small(2), whole, [pool_job]) is not None
+    assert kept_whole(small(2), other_pool, [pool_job]) is None  # its pods may not run there
+    assert kept_whole(small(2), unknown, [pool_job]) is None  # a node of no known placement: not for it
+    assert kept_whole(small(2), other_pool, [pool_job, Ask(8)]) is not None  # another job may use any node
+    assert kept_whole(small(2), whole, [Ask(8, frozenset())]) is None  # rules that name nodes: kept nowhere
+    # the framework's memo per GPU facts tells the pools apart
+    waiting = Waiting.of([("ml/wide", 8, EARLY)], {"ml/wide": frozenset({h100})})
+    nodes = [
+        dataclasses.replace(n, placement=k)
+        for n, k in zip(facts([range(8), range(8), range(4, 8)]), (h100, a100, a100))
+    ]
+    out = filtered(small(2), nodes, waiting)
+    assert out.passed == ["n1", "n2"] and set(out.failed) == {"n0"}
