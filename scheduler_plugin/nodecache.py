@@ -59,9 +59,9 @@ log = logging.getLogger(__name__)
 #: time would otherwise grow them without end)
 PLACEMENTS_LIMIT = 65_536
 
-#: an unplaced pod of a multi-worker job: (job, GPUs, queue place, its node rules; None:
-#: rules that name nodes one by one, or that cannot be read)
-Unplaced = tuple[str, int, tuple[int, float], PodRules | None]
+#: an unplaced pod of a multi-worker job: (job, GPUs, queue place, its node rules (None:
+#: rules that name nodes one by one, or that cannot be read), the job's workers)
+Unplaced = tuple[str, int, tuple[int, float], PodRules | None, int]
 
 
 class NodeCache:
@@ -156,18 +156,30 @@ class NodeCache:
 
     def _gather_waiting(self) -> Waiting:
         """:class:`Waiting` of the unplaced pods, each job with the placement keys of the
-        nodes its pods' rules allow (called under the lock)."""
+        nodes its pods' rules allow; none for a job those nodes could never hold: fewer pods
+        of its ask fit their GPUs, all free, than it has workers (called under the lock)."""
         by_job: dict[str, dict[str, PodRules]] = {}
-        for job, _, _, rules in self._unplaced.values():
+        asks: dict[str, tuple[int, int]] = {}  # job -> (most GPUs a pod asks, most workers a pod names)
+        for job, gpus, _, rules, workers in self._unplaced.values():
             held = by_job.setdefault(job, {})
             if rules is not None:
                 held[rules.key] = rules
-        keys = {k for facts in self._nodes.values() if isinstance(k := facts.placement, PlacementKey)}
-        nodes = {
-            job: frozenset(k for k in keys if any(self._allows(r, k) for r in rules.values()))
-            for job, rules in by_job.items()
-        }
-        return Waiting.of(((job, gpus, place) for job, gpus, place, _ in self._unplaced.values()), nodes)
+            most = asks.get(job, (0, 0))
+            asks[job] = (max(most[0], gpus), max(most[1], workers))
+        # nodes by placement key and GPU count: a cluster has few distinct pairs
+        sizes: dict[tuple[PlacementKey, int], int] = {}
+        for facts in self._nodes.values():
+            if isinstance(facts.placement, PlacementKey):
+                pair = (facts.placement, facts.allocatable_gpus)
+                sizes[pair] = sizes.get(pair, 0) + 1
+        keys = {key for key, _ in sizes}
+        nodes: dict[str, frozenset[object]] = {}
+        for job, named in by_job.items():
+            allowed = frozenset(k for k in keys if any(self._allows(rule, k) for rule in named.values()))
+            ask, workers = asks[job]
+            room = sum(count * (gpus // ask) for (key, gpus), count in sizes.items() if key in allowed)
+            nodes[job] = allowed if room >= workers else frozenset()
+        return Waiting.of(((job, gpus, place) for job, gpus, place, _, _ in self._unplaced.values()), nodes)
 
     def _allows(self, rules: PodRules, key: PlacementKey) -> bool:
         """Whether a pod of ``rules`` may run on the nodes of ``key`` (remembered)."""
@@ -352,8 +364,8 @@ class NodeCache:
             return 0
 
     def _unplaced_of(self, pod: Pod) -> tuple[str | None, Unplaced | None]:
-        """``(key, (job, GPUs, queue place, node rules))`` of a pod of a multi-worker job
-        asking for GPUs that kube-scheduler could not place; ``(key, None)`` for any other pod."""
+        """``(key, Unplaced)`` of a pod of a multi-worker job asking for GPUs that
+        kube-scheduler could not place; ``(key, None)`` for any other pod."""
         meta: Any = pod.get("metadata") or {}
         key = _pod_key(meta)
         spec: Any = pod.get("spec") or {}
@@ -371,7 +383,8 @@ class NodeCache:
             rules = pod_rules(pod)
         except InvalidInput:
             rules = None  # the API server admits no such pod: keep nothing for it
-        return key, (job, gpus, queue_place(pod, parse_or_none(meta.get("creationTimestamp"))), rules)
+        place = queue_place(pod, parse_or_none(meta.get("creationTimestamp")))
+        return key, (job, gpus, place, rules, workers_of(meta.get("annotations")))
 
     def _recount(self) -> None:
         used: dict[str, int] = {}

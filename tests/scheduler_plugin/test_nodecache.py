@@ -283,7 +283,7 @@ def test_whole_nodes_are_kept_for_the_multi_worker_jobs_kube_scheduler_could_not
     apiserver: FakeApiServer, extender: tuple[httpx.Client, NodeCache]
 ) -> None:
     http, cache = extender
-    wide = {"labels": {"dsagent.io/job": "wide"}, "annotations": {"dsagent.io/workers": "4"}}
+    wide = {"labels": {"dsagent.io/job": "wide"}, "annotations": {"dsagent.io/workers": "3"}}
     for i in range(2):
         apiserver.create(make_pod(f"wide-{i}", gpus=8, **wide))  # type: ignore[arg-type]
     # a single-worker pod kube-scheduler could not place keeps nothing: only wide jobs wait whole
@@ -320,33 +320,47 @@ def test_a_waiting_job_keeps_only_the_nodes_its_pods_may_use(
 ) -> None:
     """Node pools: a wide job for the h100 pool keeps a whole h100 node, never a whole node
     of another pool nor one whose taint its pods do not tolerate; a node relabelled into
-    the pool is kept from then on (the watch)."""
+    the pool is kept from then on (the watch); a job the pool could never hold keeps none."""
     http, cache = extender
-    pool = api_node("h100-a", topology=TOPO, gpus=8)
-    pool["metadata"]["labels"]["pool"] = "h100"
-    apiserver.create(pool)
+    for name in ("h100-a", "h100-b"):
+        pool = api_node(name, topology=TOPO, gpus=8)
+        pool["metadata"]["labels"]["pool"] = "h100"
+        apiserver.create(pool)
     tainted = api_node("h100-reserved", topology=TOPO, gpus=8)
     tainted["metadata"]["labels"]["pool"] = "h100"
     tainted["spec"] = {"taints": [{"key": "reserved", "value": "infra", "effect": "NoSchedule"}]}
     apiserver.create(tainted)
-    wide = make_pod("wide-0", gpus=8, labels={"dsagent.io/job": "wide"}, annotations={"dsagent.io/workers": "4"})
-    wide["spec"]["nodeSelector"] = {"pool": "h100"}
-    apiserver.create(wide)
     unschedulable = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
-    apiserver.patch("pods", "wide-0", {"status": unschedulable}, "default", subresource="status")
-    apiserver.wait_for(lambda: bool(cache.waiting().jobs), what="the unplaced wide job in the cache")
+
+    def wait(job: str, workers: int) -> None:
+        wide = make_pod(
+            f"{job}-0", gpus=8, labels={"dsagent.io/job": job}, annotations={"dsagent.io/workers": str(workers)}
+        )
+        wide["spec"]["nodeSelector"] = {"pool": "h100"}
+        apiserver.create(wide)
+        apiserver.patch("pods", f"{job}-0", {"status": unschedulable}, "default", subresource="status")
+        apiserver.wait_for(
+            lambda: f"default/{job}" in cache.waiting().jobs, what=f"the unplaced job {job} in the cache"
+        )
 
     later = pod("small-0", namespace="default", gpus=2)
     later["metadata"]["creationTimestamp"] = kubetime.format_time(time.time() + 3600)  # queued behind it
     candidates = ["holds", "unannotated", "h100-a", "h100-reserved"]
     body = args_body(later, [{"metadata": {"name": n}} for n in candidates], node_cache_capable=True)
+
+    # 3 workers of 8 GPUs, and the pool's untainted nodes hold 2: it could never be placed
+    wait("huge", 3)
+    assert http.post("/filter", content=body).json()["NodeNames"] == candidates
+
+    wait("wide", 2)
     result = http.post("/filter", content=body).json()
     assert result["NodeNames"] == ["holds", "unannotated", "h100-reserved"]
     assert set(result["FailedNodes"]) == {"h100-a"} and result["FailedNodes"]["h100-a"].startswith("node kept whole")
 
-    # the whole node outside the pool joins it: kept from then on
+    # the whole node outside the pool joins it: kept from then on, and the pool now holds "huge"
     apiserver.patch("nodes", "unannotated", {"metadata": {"labels": {"pool": "h100"}}})
     apiserver.wait_for(
         lambda: "unannotated" in http.post("/filter", content=body).json()["FailedNodes"],
         what="the relabelled node kept for the wide job",
     )
+    assert cache.waiting().nodes["default/huge"] == cache.waiting().nodes["default/wide"] != frozenset()
