@@ -57,6 +57,7 @@ def test_each_form_gives_what_prometheus_gives() -> None:
     p95 = _last("histogram_quantile(0.95, sum by (le) (rate(dur_bucket[$__rate_interval])))")
     assert p95 == {(): pytest.approx(0.1 + 0.4 * 0.9)}
     assert _last("sum(space_bytes)") == {(): 150.0}
+    assert _last("max(space_bytes)") == {(): 100.0}  # a gauge two replicas report: one of them
     assert _last("sum by (node) (space_bytes)") == {(("node", "a"),): 100.0, (("node", "b"),): 50.0}
     first = promql.evaluate(promql.parse("sum(rate(hits_total[10s]))"), _scrapes())[()][0]
     assert math.isnan(first)  # no earlier scrape inside the range: no rate yet, as in Prometheus
@@ -70,7 +71,7 @@ def test_every_dashboard_panel_is_read(title: str, targets: list[tuple[str, str]
         assert isinstance(series, dict), title
 
 
-@pytest.mark.parametrize("expr", ["avg(x)", "x * 2", "sum without (a) (x)", 'x{a>"b"}', "rate(x)", "sum(x) )"])
+@pytest.mark.parametrize("expr", ["avg(x)", "min(x)", "x * 2", "sum without (a) (x)", 'x{a>"b"}', "rate(x)", "sum(x) )"])
 def test_promql_outside_the_subset_is_refused(expr: str) -> None:
     with pytest.raises(ValueError, match="PromQL"):
         promql.parse(expr)

@@ -91,6 +91,11 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         [("{{verb}}", "sum by (verb) (rate(dsplatform_extender_nodes_scored_total[$__rate_interval]))")],
     ),
     (
+        "Multi-worker jobs whole nodes are kept for",
+        "short",
+        [("waiting jobs", "max(dsplatform_extender_waiting_jobs)")],
+    ),
+    (
         "Agent API latency p95 by route",
         "s",
         [

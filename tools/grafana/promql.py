@@ -6,8 +6,9 @@ no Prometheus at hand, and its test. What it owns: the subset of PromQL those pa
 parsed and evaluated as Prometheus does it over a list of ``(seconds, samples)`` scrapes:
 metric selectors with ``=``, ``!=`` and ``=~`` matchers (a matcher on a dashboard variable,
 ``"$job"``, matches everything), ``rate(...[range])`` (the counter's rise over the
-scrapes inside the range, per second; ``$__rate_interval`` is :data:`WINDOW`), ``sum`` and
-``sum by (...)``, ``histogram_quantile`` (linear interpolation inside the bucket, as
+scrapes inside the range, per second; ``$__rate_interval`` is :data:`WINDOW`), ``sum``,
+``sum by (...)`` and ``max`` (``max by (...)``: a gauge every replica reports alike),
+``histogram_quantile`` (linear interpolation inside the bucket, as
 Prometheus does), ``+`` and ``/`` between series of the same labels, and number literals.
 Anything else is a :class:`ValueError` naming it: a panel written in more PromQL than this
 fails its test rather than drawing something else.
@@ -88,7 +89,7 @@ class _Parser:
             node = self.expr()
             self.take(")")
             return node
-        if value == "sum":
+        if value in ("sum", "max"):
             self.take()
             by: tuple[str, ...] | None = None
             if self.peek() == ("name", "by"):
@@ -97,7 +98,7 @@ class _Parser:
             self.take("(")
             inner = self.expr()
             self.take(")")
-            return ("sum", by, inner)
+            return (value, by, inner)
         if value == "rate":
             self.take()
             self.take("(")
@@ -196,7 +197,9 @@ def _rate(scrapes: Sequence[tuple[float, Samples]], raw: Series, window: float) 
     return out
 
 
-def _sum(series: Series, by: tuple[str, ...] | None, length: int) -> Series:
+def _aggregate(
+    series: Series, by: tuple[str, ...] | None, length: int, add: Callable[[float, float], float]
+) -> Series:
     out: Series = {}
     for labels, values in series.items():
         have = dict(labels)
@@ -204,7 +207,7 @@ def _sum(series: Series, by: tuple[str, ...] | None, length: int) -> Series:
         into = out.setdefault(key, [math.nan] * length)
         for i, v in enumerate(values):
             if not math.isnan(v):
-                into[i] = v if math.isnan(into[i]) else into[i] + v
+                into[i] = v if math.isnan(into[i]) else add(into[i], v)
     return out
 
 
@@ -267,8 +270,9 @@ def evaluate(node: tuple[object, ...], scrapes: Sequence[tuple[float, Samples]])
         return _selected(scrapes, node[1])  # type: ignore[arg-type]
     if kind == "rate":
         return _rate(scrapes, _selected(scrapes, node[1]), float(node[2]))  # type: ignore[arg-type]
-    if kind == "sum":
-        return _sum(evaluate(node[2], scrapes), node[1], length)  # type: ignore[arg-type]
+    if kind in ("sum", "max"):
+        add = (lambda a, b: a + b) if kind == "sum" else max
+        return _aggregate(evaluate(node[2], scrapes), node[1], length, add)  # type: ignore[arg-type]
     if kind == "quantile":
         return _quantile(float(node[1]), evaluate(node[2], scrapes), length)  # type: ignore[arg-type]
     if kind in ("+", "/"):
