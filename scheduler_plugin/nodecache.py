@@ -238,13 +238,15 @@ class NodeCache:
                     self._nodes.pop(name, None)
                     self._slim.pop(name, None)
                     self._columns.drop(name)
+                    self._waiting = None  # one node fewer for the waiting jobs
                 else:
                     self._slim[name] = _slim(node)
                     before = self._nodes.get(name)
                     base = self._nodes[name] = self._read(name, node)
                     self._columns.put(name, self._with_usage(base))
-                    if before is None or before.placement is not base.placement:
-                        self._waiting = None  # whom the node may be kept for changed
+                    same = before is not None and before.placement is base.placement
+                    if not same or before.allocatable_gpus != base.allocatable_gpus:  # type: ignore[union-attr]
+                        self._waiting = None  # whom it may be kept for, or how many pods it holds, changed
 
     def _read(self, name: str, node: Any, placement: PlacementKey | None = None) -> NodeFacts:
         """The facts of ``node`` (a Node as sent, or its slim copy with the ``placement``
