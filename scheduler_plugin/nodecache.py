@@ -59,6 +59,10 @@ log = logging.getLogger(__name__)
 #: time would otherwise grow them without end)
 PLACEMENTS_LIMIT = 65_536
 
+#: node rules longer than this (as canonical JSON) are not kept: a real selector, affinity and
+#: tolerations take a few hundred bytes, and the API server admits pods of up to ~1.5 MB
+RULES_TEXT_LIMIT = 16 << 10
+
 #: an unplaced pod of a multi-worker job: (job, GPUs, queue place, its node rules (None:
 #: rules that name nodes one by one, or that cannot be read), the job's workers)
 Unplaced = tuple[str, int, tuple[int, float], PodRules | None, int]
@@ -104,8 +108,10 @@ class NodeCache:
         # the Waiting built from them again at the first read after a change
         self._unplaced: dict[str, Unplaced] = {}
         self._waiting: Waiting | None = NO_WAITING
-        # the nodes' placement keys, each once, and what a pod's rules answer on each
+        # the nodes' placement keys and the waiting pods' rules, each once, and what a
+        # pod's rules answer on each key
         self._placements: dict[PlacementKey, PlacementKey] = {}
+        self._rules: dict[str, PodRules] = {}
         self._allowed: dict[tuple[str, PlacementKey], bool] = {}
         self._used: dict[str, int] = {}  # node -> GPUs of its active pods
         self._datasets: dict[tuple[str, str], CurrentVersion] = {}
@@ -385,8 +391,19 @@ class NodeCache:
             rules = pod_rules(pod)
         except InvalidInput:
             rules = None  # the API server admits no such pod: keep nothing for it
+        if rules is not None:  # the pods of a job share one copy; an outsized one keeps nothing
+            rules = None if len(rules.key) > RULES_TEXT_LIMIT else self._one_copy(rules)
         place = queue_place(pod, parse_or_none(meta.get("creationTimestamp")))
         return key, (job, gpus, place, rules, workers_of(meta.get("annotations")))
+
+    def _one_copy(self, rules: PodRules) -> PodRules:
+        """The one :class:`PodRules` kept for rules equal to ``rules``."""
+        held = self._rules.get(rules.key)
+        if held is None:
+            if len(self._rules) >= PLACEMENTS_LIMIT:
+                self._rules.clear()
+            held = self._rules[rules.key] = rules
+        return held
 
     def _recount(self) -> None:
         used: dict[str, int] = {}

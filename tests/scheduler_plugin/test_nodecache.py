@@ -364,3 +364,13 @@ def test_a_waiting_job_keeps_only_the_nodes_its_pods_may_use(
         what="the relabelled node kept for the wide job",
     )
     assert cache.waiting().nodes["default/huge"] == cache.waiting().nodes["default/wide"] != frozenset()
+
+    # rules longer than any real selector (the API server admits pods of ~1.5 MB) are not kept
+    outsized = make_pod(
+        "outsized-0", gpus=8, labels={"dsagent.io/job": "outsized"}, annotations={"dsagent.io/workers": "2"}
+    )
+    outsized["spec"]["tolerations"] = [{"key": f"k{i:03d}-" + "x" * 80, "operator": "Exists"} for i in range(250)]
+    apiserver.create(outsized)
+    apiserver.patch("pods", "outsized-0", {"status": unschedulable}, "default", subresource="status")
+    apiserver.wait_for(lambda: "default/outsized" in cache.waiting().jobs, what="the outsized job in the cache")
+    assert cache.waiting().nodes["default/outsized"] == frozenset()
