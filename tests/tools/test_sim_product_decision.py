@@ -138,3 +138,31 @@ def test_where_the_placement_adds_no_node_the_simulator_hands_the_slot_over_itse
     # simulator's slots cannot express: a node that can make the room takes it, never the refuser
     sim, taker = _slot_to_hand_over(monkeypatch, product.Placement(["0", "1"], [], []))
     assert taker is not None and taker.index not in (0, 1, 2)
+
+
+def test_a_job_on_nodes_already_in_the_group_is_placed_again_as_the_controller_places_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The controller places a striped version's group again at every pass, with the nodes
+    of the pods reading it; a job that starts on nodes that are members already is no
+    exception: the simulator asks the product's placement then too, and the nodes it adds
+    join the group."""
+    asked: list[dict[str, object]] = []
+
+    def placing(nodes: object, **kw: object) -> product.Placement:
+        asked.append(kw)
+        return product.Placement(["0", "1", "2", "3", "4", "5"], [], [])
+
+    monkeypatch.setattr(stripereads, "choose_placement", placing)
+    data = [Dataset("ds0", 3 * TB, (0.0,))]
+    params = ClusterParams(nodes=6, node_types=A100, cache_bytes=TB, storage_bw=1e10, node_fetch_bw=1e9)
+    sim = Simulation("ours+stripe", [], data, params, seed=3)
+    key = ("ds0", 0)
+    group = stripereads.stripe.Group(key, (0, 1, 2, 3), {m: 3 * TB / 4 for m in range(4)})
+    group.holding.update(group.members)  # every member holds its share
+    rank = type("Worker", (), {"node": sim.nodes[0]})()
+    out = type("Outcome", (), {"workers": [rank]})()
+    sim._join(out, group, key, 3 * TB)  # type: ignore[arg-type]
+    (kw,) = asked
+    assert kw["job_nodes"] == ["0"] and kw["before"] == ["0", "1", "2", "3"]
+    assert set(group.members) == {0, 1, 2, 3, 4, 5}

@@ -374,8 +374,8 @@ class StripeReads(Flows):
         return group
 
     def _join(self, out: Outcome, group: stripe.Group, key: tuple[str, int], size: int) -> None:
-        """A job starts on nodes outside the version's group: they join it, as the controller's
-        pass re-plans a group with the nodes of the Dataset's pods: the product's
+        """A job starts reading the version: the controller's pass places the group again with
+        the nodes of the Dataset's pods, whether or not they are members already: the product's
         :func:`dsagent.policy.holding.choose_placement`, called here over every node with the
         nodes of every job reading the version, the earlier members and those of them that
         owned no share (its member count is :func:`dsagent.policy.holding.members_wanted`'s:
@@ -384,9 +384,13 @@ class StripeReads(Flows):
         owning a share where it has room for one without evicting a last copy, else none,
         and then a node with room owning in its place. Rendezvous hashing gives each new
         owner about 1/k of the bundles; those the old owners held move over the peers (read
-        from there in the new owner's first epoch, not the store)."""
-        job = [i for i in dict.fromkeys(w.node.index for w in out.workers) if i not in group.members]
-        if not job:
+        from there in the new owner's first epoch, not the store). One case is left to the
+        slots' own repair (:meth:`_taker`, in :meth:`_stripe_group`): a job on members only
+        while a slot has lost its share, since the slots can be added to, not taken away
+        (the product's pass would place the group again without that member)."""
+        if all(w.node.index in group.members for w in out.workers) and any(
+            m < 0 or m not in group.holding for m in group.members
+        ):
             return
         before = [m for m in group.members if m >= 0]
         readers = [
