@@ -71,7 +71,9 @@ def test_every_dashboard_panel_is_read(title: str, targets: list[tuple[str, str]
         assert isinstance(series, dict), title
 
 
-@pytest.mark.parametrize("expr", ["avg(x)", "min(x)", "x * 2", "sum without (a) (x)", 'x{a>"b"}', "rate(x)", "sum(x) )"])
+@pytest.mark.parametrize(
+    "expr", ["avg(x)", "min(x)", "x * 2", "sum without (a) (x)", 'x{a>"b"}', "rate(x)", "sum(x) )"]
+)
 def test_promql_outside_the_subset_is_refused(expr: str) -> None:
     with pytest.raises(ValueError, match="PromQL"):
         promql.parse(expr)

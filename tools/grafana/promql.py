@@ -197,9 +197,7 @@ def _rate(scrapes: Sequence[tuple[float, Samples]], raw: Series, window: float) 
     return out
 
 
-def _aggregate(
-    series: Series, by: tuple[str, ...] | None, length: int, add: Callable[[float, float], float]
-) -> Series:
+def _aggregate(series: Series, by: tuple[str, ...] | None, length: int, add: Callable[[float, float], float]) -> Series:
     out: Series = {}
     for labels, values in series.items():
         have = dict(labels)
