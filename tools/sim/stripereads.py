@@ -331,6 +331,7 @@ class StripeReads(Flows):
         member that lost its share and cannot make room again hands its slot, and only its
         slot's bundles, to a node that can (:meth:`_taker`; a hole only when none can)."""
         group = self.stripes.get(key)
+        placed = True
         if group is None:
             owners, shareless = self._choose_members(out, key, size)
             if not owners:
@@ -338,7 +339,7 @@ class StripeReads(Flows):
             owned = {**self._slot_owners(key, size, owners), **dict.fromkeys(shareless, 0.0)}
             group = self.stripes[key] = stripe.Group(key, (*owners, *shareless), owned, shareless=set(shareless))
         else:
-            self._join(out, group, key, size)
+            placed = self._join(out, group, key, size)
         group.jobs.add((out.job.id, out.start))
         self.group_evicted = {}
         for slot, m in enumerate(group.members):
@@ -371,9 +372,11 @@ class StripeReads(Flows):
             group.fill[node.index] = 0.0
             group.holding.add(node.index)
         self.group_evicted = None
+        if not placed:  # a slot had lost its share: placed again now that its slot is handed over
+            self._join(out, group, key, size)
         return group
 
-    def _join(self, out: Outcome, group: stripe.Group, key: tuple[str, int], size: int) -> None:
+    def _join(self, out: Outcome, group: stripe.Group, key: tuple[str, int], size: int) -> bool:
         """A job starts reading the version: the controller's pass places the group again with
         the nodes of the Dataset's pods, whether or not they are members already: the product's
         :func:`dsagent.policy.holding.choose_placement`, called here over every node with the
@@ -384,14 +387,15 @@ class StripeReads(Flows):
         owning a share where it has room for one without evicting a last copy, else none,
         and then a node with room owning in its place. Rendezvous hashing gives each new
         owner about 1/k of the bundles; those the old owners held move over the peers (read
-        from there in the new owner's first epoch, not the store). One case is left to the
-        slots' own repair (:meth:`_taker`, in :meth:`_stripe_group`): a job on members only
-        while a slot has lost its share, since the slots can be added to, not taken away
-        (the product's pass would place the group again without that member)."""
+        from there in the new owner's first epoch, not the store). False, with nothing done,
+        for a job on members only while a slot has lost its share: the slots can be handed
+        over but not taken away, so :meth:`_stripe_group` hands that slot to a node with room
+        first (:meth:`_taker`, the bundles the controller's placement without that member
+        gives a new owner) and asks again."""
         if all(w.node.index in group.members for w in out.workers) and any(
             m < 0 or m not in group.holding for m in group.members
         ):
-            return
+            return False
         before = [m for m in group.members if m >= 0]
         readers = [
             w.node.index for o in (self.running.get(j) for j in group.readers) if o is not None for w in o.workers
@@ -448,6 +452,7 @@ class StripeReads(Flows):
         without = list(dict.fromkeys(m for m in (*group.members, *joining) if m in group.shareless))
         group.members = (*slots, *without)
         group.owned = {**owned, **dict.fromkeys(without, 0.0)}
+        return True
 
     def _candidate(self, node: Node, key: tuple[str, int]) -> Candidate:
         """``node`` as the controller's group choice sees it (its published inventory)."""
