@@ -60,8 +60,9 @@ log = logging.getLogger(__name__)
 PLACEMENTS_LIMIT = 65_536
 
 #: node rules longer than this (as canonical JSON) are not kept: a real selector, affinity and
-#: tolerations take a few hundred bytes, and the API server admits pods of up to ~1.5 MB
-RULES_TEXT_LIMIT = 16 << 10
+#: tolerations take a few hundred bytes, and the API server admits pods of up to ~1.5 MB; each
+#: unplaced pod of a multi-worker job holds its rules, so this bounds what they cost
+RULES_TEXT_LIMIT = 4 << 10
 
 #: an unplaced pod of a multi-worker job: (job, GPUs, queue place, its node rules (None:
 #: rules that name nodes one by one, or that cannot be read), the job's workers)
