@@ -12,8 +12,9 @@ node count against its free GPUs when the node publishes no free-GPU list. The p
 multi-worker jobs that kube-scheduler could not place (unbound, ``PodScheduled`` False with
 reason ``Unschedulable``) are the jobs whole nodes are kept for
 (:meth:`NodeCache.waiting`, docs/design.md#whole-nodes), each on the nodes its pods' rules
-allow: every node's facts carry its placement key (:func:`scheduling.nodefit.placement_key`,
-each distinct key kept once), and a job's rules are asked once per key. Readers get
+allow: every node's facts carry the number of its placement key
+(:func:`scheduling.nodefit.placement_key`, each distinct key and label pair kept once), and a
+job's rules are asked once per key. Readers get
 consistent snapshots: each update replaces one dict entry (atomic under the GIL). Owned by
 :class:`scheduler_plugin.view.View`. The list+watch loop, its retries (tenacity, fixed
 waits) and its stop are :class:`dsplatform.listwatch.Watches`'.
@@ -109,11 +110,15 @@ class NodeCache:
         # the Waiting built from them again at the first read after a change
         self._unplaced: dict[str, Unplaced] = {}
         self._waiting: Waiting | None = NO_WAITING
-        # the nodes' placement keys and the waiting pods' rules, each once, and what a
-        # pod's rules answer on each key
-        self._placements: dict[PlacementKey, PlacementKey] = {}
+        # the nodes' placement keys, each once with a number the node's facts carry (a key
+        # dropped when the table is full keeps its number: a number is never given twice),
+        # their label pairs, the waiting pods' rules, each once, and what rules answer on a key
+        self._placements: dict[PlacementKey, int] = {}
+        self._placement_keys: dict[int, PlacementKey] = {}
+        self._placement_count = 0
+        self._pairs: dict[tuple[str, str], tuple[str, str]] = {}
         self._rules: dict[str, PodRules] = {}
-        self._allowed: dict[tuple[str, PlacementKey], bool] = {}
+        self._allowed: dict[tuple[str, int], bool] = {}
         self._used: dict[str, int] = {}  # node -> GPUs of its active pods
         self._datasets: dict[tuple[str, str], CurrentVersion] = {}
         self._lock = threading.Lock()
@@ -174,9 +179,9 @@ class NodeCache:
             most = asks.get(job, (0, 0))
             asks[job] = (max(most[0], gpus), max(most[1], workers))
         # nodes by placement key and GPU count: a cluster has few distinct pairs
-        sizes: dict[tuple[PlacementKey, int], int] = {}
+        sizes: dict[tuple[int, int], int] = {}
         for facts in self._nodes.values():
-            if isinstance(facts.placement, PlacementKey):
+            if isinstance(facts.placement, int):
                 pair = (facts.placement, facts.allocatable_gpus)
                 sizes[pair] = sizes.get(pair, 0) + 1
         keys = {key for key, _ in sizes}
@@ -188,17 +193,21 @@ class NodeCache:
             nodes[job] = allowed if room >= workers else frozenset()
         return Waiting.of(((job, gpus, place) for job, gpus, place, _, _ in self._unplaced.values()), nodes)
 
-    def _allows(self, rules: PodRules, key: PlacementKey) -> bool:
-        """Whether a pod of ``rules`` may run on the nodes of ``key`` (remembered)."""
-        found = self._allowed.get((rules.key, key))
+    def _allows(self, rules: PodRules, placement: int) -> bool:
+        """Whether a pod of ``rules`` may run on the nodes of placement key number
+        ``placement`` (remembered; a number whose key is no longer held: no)."""
+        found = self._allowed.get((rules.key, placement))
         if found is None:
+            key = self._placement_keys.get(placement)
+            if key is None:
+                return False
             if len(self._allowed) >= PLACEMENTS_LIMIT:
                 self._allowed.clear()
             try:
                 found = allowed_on(rules, key)
             except InvalidInput:
                 found = False
-            self._allowed[(rules.key, key)] = found
+            self._allowed[(rules.key, placement)] = found
         return found
 
     def current_datasets(self) -> Mapping[tuple[str, str], CurrentVersion]:
@@ -251,21 +260,27 @@ class NodeCache:
                     before = self._nodes.get(name)
                     base = self._nodes[name] = self._read(name, node)
                     self._columns.put(name, self._with_usage(base))
-                    same = before is not None and before.placement is base.placement
+                    same = before is not None and before.placement == base.placement
                     if not same or before.allocatable_gpus != base.allocatable_gpus:  # type: ignore[union-attr]
                         self._waiting = None  # whom it may be kept for, or how many pods it holds, changed
 
-    def _read(self, name: str, node: Any, placement: PlacementKey | None = None) -> NodeFacts:
+    def _read(self, name: str, node: Any, placement: int | None = None) -> NodeFacts:
         """The facts of ``node`` (a Node as sent, or its slim copy with the ``placement``
-        read before) with its NodeCache overlaid, and its placement key (called under the lock)."""
+        read before) with its NodeCache overlaid, and its placement key's number (called
+        under the lock)."""
         facts = self._reader.read(nodecache_contract.overlay(node, self._states.get(name)))  # type: ignore[arg-type]
         if placement is None:
-            key = placement_key(node)
+            if len(self._pairs) >= PLACEMENTS_LIMIT:
+                self._pairs.clear()
+            key = placement_key(node, self._pairs)
             placement = self._placements.get(key)
             if placement is None:
                 if len(self._placements) >= PLACEMENTS_LIMIT:
                     self._placements.clear()
-                placement = self._placements[key] = key
+                    self._placement_keys.clear()
+                placement = self._placements[key] = self._placement_count
+                self._placement_keys[placement] = key
+                self._placement_count += 1
         return dataclasses.replace(facts, placement=placement)
 
     # -- nodecaches ----------------------------------------------------------------
@@ -298,7 +313,7 @@ class NodeCache:
     def _refresh(self, name: str) -> None:
         """Read a known node again after its NodeCache changed (called under the lock)."""
         slim, held = self._slim.get(name), self._nodes.get(name)
-        if slim is None or held is None or not isinstance(held.placement, PlacementKey):
+        if slim is None or held is None or not isinstance(held.placement, int):
             return
         base = self._nodes[name] = self._read(name, slim, held.placement)  # the slim copy has no labels
         self._columns.put(name, self._with_usage(base))

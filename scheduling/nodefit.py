@@ -184,7 +184,7 @@ class PlacementKey(NamedTuple):
     """What :func:`node_allowed` reads of a node but its name: nodes with equal keys are
     allowed to the same pods (whose rules do not name nodes one by one)."""
 
-    labels: frozenset[tuple[str, str]]  # but the hostname label
+    labels: tuple[tuple[str, str], ...]  # in order, but the hostname label
     taints: tuple[tuple[str, str, str], ...]  # (key, value, effect), NoSchedule and NoExecute only
     cordoned: bool
 
@@ -197,13 +197,15 @@ class PodRules(NamedTuple):
     pod: Mapping[str, Any]
 
 
-def placement_key(node: Mapping[str, Any]) -> PlacementKey:
-    """``node``'s (raw v1.Node, hostile) :class:`PlacementKey`."""
+def placement_key(node: Mapping[str, Any], pairs: dict[tuple[str, str], tuple[str, str]] | None = None) -> PlacementKey:
+    """``node``'s (raw v1.Node, hostile) :class:`PlacementKey`. ``pairs``: where a caller
+    keeping many keys holds each label pair once (the nodes of a pool share them all)."""
     meta, spec = _node_part(node, "metadata"), _node_part(node, "spec")
     raw = meta.get("labels")
-    labels = frozenset(
+    found = sorted(
         (k, v) for k, v in (raw.items() if isinstance(raw, dict) else ()) if isinstance(v, str) and k != HOSTNAME_LABEL
     )
+    labels = tuple(found if pairs is None else (pairs.setdefault(pair, pair) for pair in found))
     raw_taints = spec.get("taints")
     taints = sorted(
         (str(t.get("key") or ""), str(t.get("value") or ""), str(t["effect"]))

@@ -119,8 +119,9 @@ class NodeFacts:
     used_gpus: int = 0  # GPU requests of known active pods (watch mode)
     resource_version: str | None = None
     gpu_facts_known: bool = False  # allocatable, free list or topology was readable
-    # what kube-scheduler's node filters read of the node but its name (the watch cache's
-    # scheduling.nodefit.PlacementKey; None: not known): whom the node may be kept whole for
+    # what kube-scheduler's node filters read of the node but its name: the number the watch
+    # cache gives its scheduling.nodefit.PlacementKey (None: not known); whom the node may be
+    # kept whole for
     placement: object = None
 
     @cached_property
