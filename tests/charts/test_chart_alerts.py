@@ -133,6 +133,7 @@ def test_the_alerts_an_on_call_needs_are_there(rules: list[dict[str, Any]]) -> N
         "DsplatformWebhookFailingOpen",
         "DsplatformWebhookAdmittingUnpatched",
         "DsplatformStoreUnavailable",
+        "DsplatformWideJobWaiting",
     }
     for rule in rules:
         assert rule["labels"]["severity"] in {"critical", "warning", "info"} and rule["annotations"]["summary"]
