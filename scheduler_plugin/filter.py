@@ -93,8 +93,9 @@ class Waiting:
     (``PodScheduled`` False, ``Unschedulable``), by job: the most GPUs one of the job's
     waiting pods asks, and the job's place in kube-scheduler's queue, ``(-priority,
     created)`` of its first pod (the queue's default order: priority, then age); and, where
-    known (the watch cache's), the placement keys of the nodes its pods may use
-    (:mod:`scheduling.nodefit`: node selector, required node affinity, taints, cordons): a
+    known (the watch cache's), the placement keys of the nodes its pods may use, as
+    :attr:`NodeFacts.placement` holds them (the cache's number for each key of
+    :mod:`scheduling.nodefit`: node selector, required node affinity, taints, cordons): a
     node no pod of the job may use is kept for it by no one. A job not in ``nodes`` may use
     any node."""
 
