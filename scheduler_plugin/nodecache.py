@@ -170,14 +170,14 @@ class NodeCache:
         """:class:`Waiting` of the unplaced pods, each job with the placement keys of the
         nodes its pods' rules allow; none for a job those nodes could never hold: fewer pods
         of its ask fit their GPUs, all free, than it has workers (called under the lock)."""
+        jobs = Waiting.of((job, gpus, place) for job, gpus, place, _, _ in self._unplaced.values()).jobs
         by_job: dict[str, dict[str, PodRules]] = {}
-        asks: dict[str, tuple[int, int]] = {}  # job -> (most GPUs a pod asks, most workers a pod names)
-        for job, gpus, _, rules, workers in self._unplaced.values():
+        workers: dict[str, int] = {}  # job -> the most workers one of its pods names
+        for job, _, _, rules, count in self._unplaced.values():
             held = by_job.setdefault(job, {})
             if rules is not None:
                 held[rules.key] = rules
-            most = asks.get(job, (0, 0))
-            asks[job] = (max(most[0], gpus), max(most[1], workers))
+            workers[job] = max(workers.get(job, 0), count)
         # nodes by placement key and GPU count: a cluster has few distinct pairs
         sizes: dict[tuple[int, int], int] = {}
         for facts in self._nodes.values():
@@ -188,10 +188,10 @@ class NodeCache:
         nodes: dict[str, frozenset[object]] = {}
         for job, named in by_job.items():
             allowed = frozenset(k for k in keys if any(self._allows(rule, k) for rule in named.values()))
-            ask, workers = asks[job]
+            ask = jobs[job][0]
             room = sum(count * (gpus // ask) for (key, gpus), count in sizes.items() if key in allowed)
-            nodes[job] = allowed if room >= workers else frozenset()
-        return Waiting.of(((job, gpus, place) for job, gpus, place, _, _ in self._unplaced.values()), nodes)
+            nodes[job] = allowed if room >= workers[job] else frozenset()
+        return Waiting(jobs, nodes)
 
     def _allows(self, rules: PodRules, placement: int) -> bool:
         """Whether a pod of ``rules`` may run on the nodes of placement key number
@@ -395,7 +395,8 @@ class NodeCache:
         spec: Any = pod.get("spec") or {}
         if spec.get("nodeName") or meta.get("deletionTimestamp") or not pod_is_active(pod):
             return key, None
-        if not _unschedulable(pod.get("status")) or workers_of(meta.get("annotations")) <= 1:
+        workers = workers_of(meta.get("annotations"))
+        if not _unschedulable(pod.get("status")) or workers <= 1:
             return key, None
         gpus = self._requested(spec)
         if gpus <= 0:
@@ -410,7 +411,7 @@ class NodeCache:
         if rules is not None:  # the pods of a job share one copy; an outsized one keeps nothing
             rules = None if len(rules.key) > RULES_TEXT_LIMIT else self._one_copy(rules)
         place = queue_place(pod, parse_or_none(meta.get("creationTimestamp")))
-        return key, (job, gpus, place, rules, workers_of(meta.get("annotations")))
+        return key, (job, gpus, place, rules, workers)
 
     def _one_copy(self, rules: PodRules) -> PodRules:
         """The one :class:`PodRules` kept for rules equal to ``rules``."""
