@@ -45,6 +45,7 @@ from scheduler_plugin.errors import (
     SchedulerPluginError,
     ViewUnavailable,
 )
+from scheduler_plugin.filter import NO_WAITING
 from scheduler_plugin.framework import Framework
 from scheduler_plugin.heap import Heap
 from scheduler_plugin.jobs import JobClasses
@@ -174,9 +175,9 @@ class ExtenderApp:
             args = self._decode("filter", body)
             pod = self.view.resolve(self.framework.read_pod(args.pod))
             nodes = self.view.candidates(args)
-            outcome = self.framework.filter(
-                pod, args.names, nodes, lambda: self.view.cluster(nodes), self.view.waiting()
-            )
+            # switched off, the waiting jobs are not gathered (a pass over every node after each change)
+            waiting = self.view.waiting() if self.settings.whole_nodes else NO_WAITING
+            outcome = self.framework.filter(pod, args.names, nodes, lambda: self.view.cluster(nodes), waiting)
             if outcome.split_reason:
                 log.warning("filter: pod %s: %s", pod.key, outcome.split_reason)
             self.metrics.nodes_filtered.labels(result="passed").inc(len(outcome.passed))
